@@ -1,0 +1,40 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Every target creates the
+# pinned CPU environment in .venv first when it is missing (or older than the lock file).
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: venv test test-fast lint demo bench clean
+
+venv: $(STAMP)
+
+# torch first and alone, pinned: the CPU wheel on local disk. Installing it with the rest lets
+# pip pick a several-GB CUDA build. openrlhf goes in with --no-deps because it hard-requires
+# flash-attn (CUDA-only sdist); its other requirements are pinned in the lock file.
+$(STAMP): requirements/cpu-lock.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0 triton==3.7.1
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c requirements/cpu-lock.txt -r requirements/cpu-lock.txt
+	$(PY) -m pip install --quiet --no-deps openrlhf==0.11.2
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check openrlhf_band tests bench
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check openrlhf_band tests bench
+
+demo: $(STAMP)
+	$(VENV)/bin/openrlhf-band demo
+
+bench: $(STAMP)
+	$(VENV)/bin/openrlhf-band bench bounds
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis
