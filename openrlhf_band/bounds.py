@@ -37,14 +37,19 @@ _LOG_Q_FLOOR = -745.0
 # p -> 1 (where the kl roots change on the scale 1 - p ~ delta) maps to w ~ log(1 - p), p -> 0 to
 # w ~ log(-log p). Below W_MIN (1 - p < 2.8e-10) the stored A and B equal their p -> 1 values to
 # within O((1-p) log(1-p)) ~ 6e-9; above W_MAX (p < 1e-39) their p -> 0 limits to within O(p).
-# Spacing 1/64 keeps the cubic's error (h^4/384 times the fourth derivative) far below float32
-# resolution; the table is 1,696 cells x 8 float64 coefficients (106 KiB).
+# Spacing 1/128 keeps the cubic's relative error in A and B below ~5e-9, so float32 outputs are
+# good to ~1e-7 even where r_low = exp(-B/p) amplifies B's error by B/p (up to ~7 for r_low >= 1e-3).
+# The table is 3,392 cells x 8 float64 coefficients (212 KiB).
 _TABLE_W_MIN = -22.0
 _TABLE_W_MAX = 4.5
-_TABLE_CELLS_PER_UNIT = 64
+_TABLE_CELLS_PER_UNIT = 128
 
 _BISECT_STEPS = 64  # bracket width shrinks by 2^-64: below float64 resolution of log q
 _NEWTON_STEPS = 3  # after bisection (or a table guess): quadratic convergence, float64-exact
+# Divergences solved at run time (no table): a short bisection to get near the root, then
+# safeguarded Newton steps, which also shrink the bracket and fall back to bisection.
+_RUNTIME_BISECT_STEPS = 20
+_RUNTIME_NEWTON_STEPS = 8
 
 
 def _validate(divergence: str, delta: float, upper_cap: float | None, relax) -> tuple[Divergence, float]:
@@ -122,10 +127,14 @@ def _solve_root(
         log_q = offset + scale * v
         q, one_minus_q, log_one_minus_q = _bernoulli_terms(log_q)
         args = (x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q)
-        step = (g(*args) - delta) / (dg_dlogq(*args) * scale)
-        candidate = v - step
-        inside = (candidate > lo) & (candidate < hi)
-        v = torch.where(inside, candidate, torch.where(torch.isfinite(candidate), 0.5 * (lo + hi), v))
+        residual_v = g(*args) - delta
+        # keep the bracket tight around the root (rtsafe): v replaces the end on its side
+        above = residual_v > 0 if increasing else residual_v < 0
+        lo, hi = torch.where(above, lo, v), torch.where(above, v, hi)
+        candidate = v - residual_v / (dg_dlogq(*args) * scale)
+        # a step that leaves the bracket (or is nan) becomes a bisection step of the tightened bracket
+        inside = (candidate >= lo) & (candidate <= hi)
+        v = torch.where(inside, candidate, 0.5 * (lo + hi))
     return v
 
 
@@ -172,20 +181,30 @@ def _root_table(name: str, delta: float, device: torch.device) -> Tensor:
 
 
 def _tabulated_roots(div: Divergence, delta: float, x: Tensor) -> tuple[Tensor, Tensor]:
-    """(A, B) = (log q_up, p log(1/r_low)) from the table, float64, for 1-D float64 x <= 0."""
+    """(A, B) = (log q_up, p log(1/r_low)) from the table, float64, for 1-D float64 x <= 0.
+
+    Written in place on few buffers: on CPU, allocating a fresh multi-MB tensor per op (and
+    faulting its pages in) costs as much as the arithmetic.
+    """
     table = _root_table(div.name, delta, x.device)
     cells = table.shape[1]
-    position = (torch.log(-x) - _TABLE_W_MIN) * _TABLE_CELLS_PER_UNIT  # in cells
+    t = torch.neg(x).log_().sub_(_TABLE_W_MIN).mul_(_TABLE_CELLS_PER_UNIT)  # position, in cells
     # nan (from nan input) would make an undefined integer index; its output is nan anyway
-    position = torch.nan_to_num(position, nan=0.0).clamp_(0.0, float(cells))
-    cell = position.floor().clamp_(max=cells - 1)
-    t = position - cell
+    t = t.nan_to_num_(nan=0.0).clamp_(0.0, float(cells))
+    cell = t.floor().clamp_(max=cells - 1)
+    t = t.sub_(cell)  # position within the cell, in [0, 1]
     cell = cell.long()
-    # one 1-D gather per coefficient: on CPU far faster than gathering rows of a [cells, 8] table
-    c = [row.index_select(0, cell) for row in table]
-    a = torch.addcmul(c[0], t, torch.addcmul(c[1], t, torch.addcmul(c[2], t, c[3])))
-    b = torch.addcmul(c[4], t, torch.addcmul(c[5], t, torch.addcmul(c[6], t, c[7])))
-    return a, b
+    # one 1-D gather per coefficient (far faster on CPU than rows of a [cells, 8] table), Horner
+    # in place: value = ((c3 t + c2) t + c1) t + c0
+    scratch = torch.empty_like(x)
+    values = []
+    for first_row in (0, 4):
+        value = table[first_row + 3].index_select(0, cell)
+        for row in (first_row + 2, first_row + 1, first_row):
+            torch.index_select(table[row], 0, cell, out=scratch)
+            value.mul_(t).add_(scratch)
+        values.append(value)
+    return values[0], values[1]
 
 
 def _numeric_roots(div: Divergence, delta: float, x: Tensor, polish: bool) -> tuple[Tensor, Tensor]:
@@ -193,8 +212,8 @@ def _numeric_roots(div: Divergence, delta: float, x: Tensor, polish: bool) -> tu
     if div.tabulate and not polish:
         upper_log_q, lower_b = _tabulated_roots(div, delta, x)
         # q_up / p and exp(-B / p), as products with exp(-x) of the exact input
-        inv_p = torch.exp(-x)
-        return torch.exp(lower_b.mul_(inv_p).neg_()), torch.exp(upper_log_q).mul_(inv_p)
+        inv_p = torch.neg(x).exp_()
+        return lower_b.mul_(inv_p).neg_().exp_(), upper_log_q.exp_().mul_(inv_p)
 
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
     log_one_minus_p = torch.log(one_minus_p)
@@ -214,12 +233,12 @@ def _numeric_roots(div: Divergence, delta: float, x: Tensor, polish: bool) -> tu
 
     upper_log_q = _solve_root(
         div, delta, x, p, one_minus_p, log_one_minus_p, offset=zeros, scale=ones, lo=x, hi=zeros,
-        increasing=True, bisect_steps=_BISECT_STEPS, newton_steps=_NEWTON_STEPS,
+        increasing=True, bisect_steps=_RUNTIME_BISECT_STEPS, newton_steps=_RUNTIME_NEWTON_STEPS,
     )  # fmt: skip
     lower_log_q = _solve_root(
         div, delta, x, p, one_minus_p, log_one_minus_p, offset=zeros, scale=ones,
         lo=torch.full_like(x, _LOG_Q_FLOOR), hi=x, increasing=False,
-        bisect_steps=_BISECT_STEPS, newton_steps=_NEWTON_STEPS,
+        bisect_steps=_RUNTIME_BISECT_STEPS, newton_steps=_RUNTIME_NEWTON_STEPS,
     )  # fmt: skip
     lower, upper = torch.exp(lower_log_q - x), torch.exp(upper_log_q - x)
     return lower, upper.masked_fill_(p == 0.0, math.inf)  # p = 0: the bracket [x, 0] is empty
@@ -257,7 +276,7 @@ def band_bounds(
     out_dtype = torch.float64 if old_log_probs.dtype == torch.float64 else torch.float32
     shape = old_log_probs.shape
 
-    x = old_log_probs.detach().reshape(-1).to(torch.float64).clamp(max=0.0)
+    x = old_log_probs.detach().reshape(-1).to(torch.float64, copy=True).clamp_(max=0.0)
     p = one_minus_p = None
     if div.closed_form is None:
         lower, upper = _numeric_roots(div, delta, x, polish=out_dtype == torch.float64)
@@ -268,8 +287,9 @@ def band_bounds(
     if div.g_at_upper_edge is not None:  # saturation (Proposition 3); kl never saturates
         p = torch.exp(x) if p is None else p
         one_minus_p = -torch.expm1(x) if one_minus_p is None else one_minus_p
-        upper = torch.where(div.g_at_upper_edge(x, p, one_minus_p) <= delta, torch.exp(-x), upper)
-        lower = torch.where(div.g_at_lower_edge(x, p, one_minus_p) <= delta, 0.0, lower)
+        saturated_up = div.g_at_upper_edge(x, p, one_minus_p) <= delta
+        upper = torch.where(saturated_up, torch.neg(x).exp_(), upper, out=upper)
+        lower = lower.masked_fill_(div.g_at_lower_edge(x, p, one_minus_p) <= delta, 0.0)
     # p = 1 (log p = 0) is the p -> 1 limit, where the formulas meet 0 * inf; p = 0 comes out of
     # every formula above as [0, inf] (or its saturated equivalent) already
     at_one = x == 0.0

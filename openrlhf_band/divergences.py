@@ -126,8 +126,9 @@ register_divergence(
 # tv: total variation, f(u) = |u - 1| / 2, g = p |r - 1|.
 # ---------------------------------------------------------------------------------------------
 def _tv_closed_form(x, p, one_minus_p, delta):
-    half_width = delta / p
-    return 1.0 - half_width, 1.0 + half_width
+    half_width = torch.reciprocal(p).mul_(delta)
+    upper = half_width + 1.0
+    return half_width.neg_().add_(1.0), upper
 
 
 register_divergence(
@@ -147,8 +148,9 @@ register_divergence(
 # chi2: Pearson chi^2, f(u) = (u - 1)^2, g = p (r - 1)^2 / (1 - p).
 # ---------------------------------------------------------------------------------------------
 def _chi2_closed_form(x, p, one_minus_p, delta):
-    half_width = torch.sqrt(delta * one_minus_p / p)
-    return 1.0 - half_width, 1.0 + half_width
+    half_width = torch.div(one_minus_p, p).mul_(delta).sqrt_()
+    upper = half_width + 1.0
+    return half_width.neg_().add_(1.0), upper
 
 
 register_divergence(
