@@ -196,20 +196,26 @@ register_divergence(
 
 # ---------------------------------------------------------------------------------------------
 # hellinger: f(u) = (sqrt u - 1)^2, i.e. twice the squared Hellinger distance. With p = sin^2 a and
-# q = sin^2 b, g = 2 - 2 cos(b - a), so the roots are b = a -+ theta, theta = 2 asin(sqrt(delta)/2).
+# q = sin^2 b, g = 2 - 2 cos(b - a), so the roots are b = a -+ theta with theta = 2 asin(sqrt(delta)/2):
+# sqrt(q) = sin(a -+ theta) = sqrt(p) cos(theta) -+ sqrt(1 - p) sin(theta), no trigonometry per token.
 # ---------------------------------------------------------------------------------------------
-def _hellinger_closed_form(x, p, one_minus_p, delta):
-    angle = torch.atan2(torch.sqrt(p), torch.sqrt(one_minus_p))  # accurate near p = 1 too
+def hellinger_angle(delta: float) -> tuple[float, float]:
+    """(cos theta, sin theta) of the Hellinger band's half-angle for radius delta."""
     theta = 2.0 * math.asin(min(math.sqrt(delta) / 2.0, 1.0))
-    upper = torch.sin(angle + theta) ** 2 / p
-    lower = torch.sin(angle - theta) ** 2 / p
-    return lower, upper
+    return math.cos(theta), math.sin(theta)
+
+
+def _hellinger_closed_form(x, p, one_minus_p, delta):
+    cos_theta, sin_theta = hellinger_angle(delta)
+    along, across = torch.sqrt(p).mul_(cos_theta), torch.sqrt(one_minus_p).mul_(sin_theta)
+    upper = (along + across).square_().div_(p)
+    return along.sub_(across).square_().div_(p), upper
 
 
 register_divergence(
     Divergence(
         name="hellinger",
-        description="squared Hellinger (x2); closed form via p = sin^2(a), r = sin^2(a -+ theta) / p",
+        description="squared Hellinger (x2); closed form r = sin^2(asin(sqrt p) -+ theta) / p",
         generator=lambda u: (math.sqrt(u) - 1.0) ** 2,
         # 2 - 2 sqrt(p) written without cancellation near p = 1 (and symmetrically)
         g_at_upper_edge=lambda x, p, one_minus_p: 2.0 * one_minus_p / (1.0 + torch.sqrt(p)),

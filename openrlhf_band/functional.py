@@ -1,0 +1,81 @@
+"""Functional API: `band_token_loss`, dispatching between the fused Triton kernel and the torch
+reference."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from openrlhf_band.ops.reference import BandTokenLoss, band_token_loss_reference
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _triton_usable(device: torch.device) -> bool:
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def band_token_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None = None,
+    *,
+    divergence: str = "kl",
+    delta: float = 0.05,
+    upper_cap: float | None = None,
+    relax: tuple[float, float] | None = None,
+    dual_clip: float | None = None,
+    backend: str = "auto",
+    return_bounds: bool = False,
+) -> BandTokenLoss:
+    """Per-token Band surrogate -min(r A, clip(r, r_low(p), r_up(p)) A), dual-clipped when asked.
+
+    Args:
+        log_probs: log pi_theta of the sampled tokens, (B, T) (or any shape; 1-D is one row),
+            float32 or bfloat16 (float64 on the torch backend), requires grad.
+        old_log_probs: log pi_old, same shape, any float dtype; defines p and the band.
+        advantages: per token (B, T) or per sequence (B, 1) / (B,).
+        action_mask: (B, T), bool or 0/1 of any int/float dtype; None = all tokens count.
+        divergence, delta, upper_cap, relax: the band, as in `band_bounds`.
+        dual_clip: c > 1: for A < 0 the objective is floored at c * A (no gradient there).
+        backend: "auto" (CUDA -> triton, otherwise torch), "triton" (CUDA, or CPU under
+            TRITON_INTERPRET=1), or "torch".
+        return_bounds: also return the (lower, upper) ratio bounds used (float32).
+
+    Returns:
+        `BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, lower, upper)`: per-token
+        loss (float32, exactly 0 at masked positions, never nan/inf there whatever they hold) and
+        boolean flags, each of the input's shape. Aggregation (token-mean etc.) stays with the caller.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (OpenRLHF's rule), got {dual_clip!r}")
+    if old_log_probs.shape != log_probs.shape:
+        raise ValueError(
+            f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
+        )
+    if action_mask is not None and action_mask.shape != log_probs.shape:
+        raise ValueError(
+            f"action_mask shape {tuple(action_mask.shape)} != log_probs shape {tuple(log_probs.shape)}"
+        )
+    use_triton = backend == "triton" or (backend == "auto" and log_probs.device.type == "cuda")
+    if use_triton:
+        if not _triton_usable(log_probs.device):
+            raise ValueError(
+                "backend='triton' needs a CUDA tensor, or TRITON_INTERPRET=1 set before openrlhf_band "
+                "is imported to run the kernel on CPU in Triton's interpreter"
+            )
+        from openrlhf_band.ops.band_loss import band_token_loss_triton
+
+        return band_token_loss_triton(
+            log_probs, old_log_probs, advantages, action_mask, divergence=divergence, delta=delta,
+            upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds,
+        )  # fmt: skip
+    return band_token_loss_reference(
+        log_probs, old_log_probs, advantages, action_mask, divergence=divergence, delta=delta,
+        upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds,
+    )  # fmt: skip

@@ -1,0 +1,116 @@
+"""Pure-torch reference of the Band token loss: the ground truth for the Triton kernel's tests and
+the "torch" provider of the benchmarks. Autograd derives its gradient from the same min / clamp
+expression OpenRLHF's PolicyLoss uses, so kernel-vs-reference gradient tests also check that the
+kernel's hand-written backward reproduces PPO's tie-breaking exactly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from openrlhf_band.bounds import band_bounds
+
+LOG_RATIO_CLAMP = 20.0  # OpenRLHF 0.11.2 clamps log(pi_new / pi_old) to [-20, 20] before exp
+
+
+class BandTokenLoss(NamedTuple):
+    """Per-token outputs of the Band surrogate, all of shape (B, T).
+
+    loss: -min(r A, clip(r, lo, hi) A) (dual-clipped when asked), float32 (float64 for float64
+        log_probs), exactly 0 at masked positions; differentiable w.r.t. log_probs.
+    clipped_upper: bool, A > 0 and r > hi (the clipped branch is the active one, no gradient).
+    clipped_lower: bool, A < 0 and r < lo.
+    dual_clipped: bool, A < 0 and the dual-clip floor dual_clip * A is the active branch.
+    lower, upper: the ratio bounds used (float32; 1 at masked positions), or None unless
+        return_bounds=True.
+    """
+
+    loss: Tensor
+    clipped_upper: Tensor
+    clipped_lower: Tensor
+    dual_clipped: Tensor
+    lower: Tensor | None = None
+    upper: Tensor | None = None
+
+
+def broadcast_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
+    """Per-token (B, T), per-sequence (B, 1) or (B,) advantages as a (B, T) view."""
+    if advantages.dim() == 1 and len(shape) == 2 and advantages.shape[0] == shape[0]:
+        advantages = advantages.unsqueeze(-1)
+    try:
+        return advantages.expand(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"advantages of shape {tuple(advantages.shape)} do not fit log_probs of shape {tuple(shape)}; "
+            "expected (B, T), (B, 1) or (B,)"
+        ) from None
+
+
+def band_token_loss_reference(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None = None,
+    *,
+    divergence: str = "kl",
+    delta: float = 0.05,
+    upper_cap: float | None = None,
+    relax: tuple[float, float] | None = None,
+    dual_clip: float | None = None,
+    return_bounds: bool = False,
+    bounds: tuple[Tensor, Tensor] | None = None,
+) -> BandTokenLoss:
+    """The Band surrogate per token in plain torch (see `BandTokenLoss` for the outputs).
+
+    Args:
+        log_probs: log pi_theta of the sampled tokens, (B, T), requires grad; float32, bfloat16
+            or float64 (float64 computes in float64, for gradcheck).
+        old_log_probs: log pi_old, (B, T), no gradient.
+        advantages: (B, T), (B, 1) or (B,).
+        action_mask: (B, T) bool or 0/1 of any dtype; None means every token counts.
+        bounds: precomputed (lower, upper) to use instead of `band_bounds` (e.g. a constant clip
+            interval, for equivalence tests against PPO clipping).
+    """
+    compute_dtype = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
+    shape = log_probs.shape
+    mask = torch.ones(shape, dtype=torch.bool, device=log_probs.device)
+    if action_mask is not None:
+        mask = action_mask.expand(shape) != 0
+    adv = broadcast_advantages(advantages, shape).to(compute_dtype)
+    old = old_log_probs.to(compute_dtype)
+    if bounds is None:
+        lower, upper = band_bounds(old, divergence, delta, upper_cap=upper_cap, relax=relax)
+    else:
+        lower, upper = bounds
+    lower, upper = lower.to(compute_dtype).expand(shape), upper.to(compute_dtype).expand(shape)
+
+    # masked positions may hold anything (nan, inf): replace them before any arithmetic so that
+    # neither the loss nor the gradient can pick up a nan through 0 * nan
+    zero = torch.zeros((), dtype=compute_dtype, device=log_probs.device)
+    new = torch.where(mask, log_probs.to(compute_dtype), zero)
+    old = torch.where(mask, old, zero)
+    adv = torch.where(mask, adv, zero)
+    lower = torch.where(mask, lower, zero + 1)
+    upper = torch.where(mask, upper, zero + 1)
+
+    ratio = torch.exp((new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    surr1 = ratio * adv
+    # tensor clamp, like OpenRLHF's scalar clamp, passes the full gradient at r == bound
+    surr2 = torch.clamp(ratio, lower, upper) * adv
+    clip1 = torch.min(surr1, surr2)
+    if dual_clip is None:
+        objective = clip1
+        dual_clipped = torch.zeros_like(mask)
+    else:
+        floor = dual_clip * adv
+        objective = torch.where(adv < 0, torch.max(clip1, floor), clip1)
+        dual_clipped = (adv < 0) & (floor > clip1) & mask
+    loss = torch.where(mask, -objective, zero)
+    with torch.no_grad():
+        clipped_upper = (adv > 0) & (ratio > upper) & mask
+        clipped_lower = (adv < 0) & (ratio < lower) & mask
+    out_bounds = (lower.detach().float(), upper.detach().float()) if return_bounds else (None, None)
+    return BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, *out_bounds)
