@@ -67,13 +67,11 @@ def _validate(divergence: str, delta: float, upper_cap: float | None, relax) -> 
     if relax is not None:
         ok = isinstance(relax, Sequence) and not isinstance(relax, (str, bytes)) and len(relax) == 2
         ok = ok and all(
-            isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e >= 0.0
-            for e in relax
+            isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e >= 0.0 for e in relax
         )
         if not ok or relax[0] > 1.0:
             raise ValueError(
-                "relax must be a pair (eps_low, eps_high) of finite numbers >= 0 with eps_low <= 1, "
-                f"got {relax!r}"
+                f"relax must be a pair (eps_low, eps_high) of finite numbers >= 0 with eps_low <= 1, got {relax!r}"
             )
     return div, delta
 

@@ -27,7 +27,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from openrlhf_band.bench import bounds_bench
 
         return bounds_bench.main(args)
-    raise SystemExit(f"unknown benchmark {args.what!r}")
+    from openrlhf_band.bench import kernel_bench
+
+    return kernel_bench.main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = bench_sub.add_parser("bounds", help="band bounds vs fixed clipping vs the authors' solver")
     bounds_bench.add_arguments(b)
+    from openrlhf_band.bench import kernel_bench
+
+    k = bench_sub.add_parser("kernel", help="fused Band loss vs torch reference vs OpenRLHF PPO clipping")
+    kernel_bench.add_arguments(k)
     p.set_defaults(func=_cmd_bench)
     return parser
 

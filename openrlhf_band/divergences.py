@@ -76,9 +76,7 @@ def register_divergence(divergence: Divergence) -> Divergence:
     """Add a divergence to the registry (name must be new)."""
     if divergence.name in _REGISTRY:
         raise ValueError(f"divergence {divergence.name!r} is already registered")
-    if divergence.closed_form is None and (
-        divergence.bernoulli_g is None or divergence.bernoulli_dg_dlogq is None
-    ):
+    if divergence.closed_form is None and (divergence.bernoulli_g is None or divergence.bernoulli_dg_dlogq is None):
         raise ValueError(f"divergence {divergence.name!r} needs a closed form or g and dg/dlog q")
     _REGISTRY[divergence.name] = divergence
     return divergence

@@ -59,9 +59,7 @@ def band_token_loss(
             f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
         )
     if action_mask is not None and action_mask.shape != log_probs.shape:
-        raise ValueError(
-            f"action_mask shape {tuple(action_mask.shape)} != log_probs shape {tuple(log_probs.shape)}"
-        )
+        raise ValueError(f"action_mask shape {tuple(action_mask.shape)} != log_probs shape {tuple(log_probs.shape)}")
     use_triton = backend == "triton" or (backend == "auto" and log_probs.device.type == "cuda")
     if use_triton:
         if not _triton_usable(log_probs.device):

@@ -30,9 +30,7 @@ def run(num_tokens: int, delta: float, repeats: int, device: torch.device, threa
         torch.set_num_threads(threads)
     old_log_probs = rollout_log_probs(num_tokens, device=device)
     ratio = torch.exp(old_log_probs * 0.01)  # any ratio tensor of the same size
-    providers = {
-        f"band-{name}": (lambda n=name: band_bounds(old_log_probs, n, delta)) for name in DIVERGENCES
-    }
+    providers = {f"band-{name}": (lambda n=name: band_bounds(old_log_probs, n, delta)) for name in DIVERGENCES}
     providers["clip"] = lambda: ratio.clamp(0.8, 1.2)
     providers["authors-kl"] = lambda: authors_band_bounds(old_log_probs, "kl", delta)
     providers["authors-chi2"] = lambda: authors_band_bounds(old_log_probs, "chi2", delta)
@@ -42,9 +40,7 @@ def run(num_tokens: int, delta: float, repeats: int, device: torch.device, threa
     # suite checks against 50-digit mpmath roots), over tokens where the bound is >= 1e-3
     reference = {n: band_bounds(old_log_probs.double(), n, delta) for n in ("kl", "chi2")}
 
-    def max_rel_error(
-        got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]
-    ) -> float:
+    def max_rel_error(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> float:
         worst = 0.0
         for g, r in zip(got, ref):
             keep = torch.isfinite(r) & (r >= 1e-3)

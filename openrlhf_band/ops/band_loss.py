@@ -106,12 +106,8 @@ def _band(
         else:  # hellinger: (sqrt p cos -+ sqrt(1 - p) sin)^2 / p
             along = tl.sqrt(p) * cos_theta
             across = tl.sqrt(q1) * sin_theta
-            hi = tl.where(
-                2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta, inv_p, (along + across) * (along + across) * inv_p
-            )
-            lo = tl.where(
-                2.0 * p / (1.0 + tl.sqrt(q1)) <= delta, 0.0, (along - across) * (along - across) * inv_p
-            )
+            hi = tl.where(2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta, inv_p, (along + across) * (along + across) * inv_p)
+            lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta, 0.0, (along - across) * (along - across) * inv_p)
         # p = 1 exactly (x = 0) falls out of these formulas as the p -> 1 limits, as in band_bounds
     return lo, hi
 
@@ -182,9 +178,7 @@ def _band_loss_fwd_kernel(
 
 
 @triton.jit
-def _band_loss_bwd_kernel(
-    grad_out_ptr, coef_ptr, grad_in_ptr, n_elements, s0, s1, n_cols, BLOCK: tl.constexpr
-):
+def _band_loss_bwd_kernel(grad_out_ptr, coef_ptr, grad_in_ptr, n_elements, s0, s1, n_cols, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     in_range = offs < n_elements
@@ -207,9 +201,7 @@ class BandLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, action_mask, config):
-        loss, coef, flags, lower, upper = _launch_forward(
-            log_probs, old_log_probs, advantages, action_mask, config
-        )
+        loss, coef, flags, lower, upper = _launch_forward(log_probs, old_log_probs, advantages, action_mask, config)
         ctx.save_for_backward(coef)
         ctx.log_probs_dtype, ctx.log_probs_shape = log_probs.dtype, log_probs.shape
         ctx.mark_non_differentiable(flags)
@@ -242,9 +234,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
     logp = _as_2d(log_probs, shape2d)
     old = _as_2d(old_log_probs, shape2d)
-    adv = broadcast_advantages(
-        advantages.reshape(shape2d[0], -1) if advantages.dim() != 2 else advantages, shape2d
-    )
+    adv = broadcast_advantages(advantages.reshape(shape2d[0], -1) if advantages.dim() != 2 else advantages, shape2d)
     n = logp.numel()
     device = logp.device
     loss = torch.empty(shape2d, dtype=torch.float32, device=device)
@@ -301,9 +291,7 @@ _FLOAT32_TABLES: dict[tuple[str, float, str], Tensor] = {}
 def _float32_table(divergence: str, delta: float, device: torch.device) -> Tensor:
     key = (divergence, delta, str(device))
     if key not in _FLOAT32_TABLES:
-        _FLOAT32_TABLES[key] = (
-            _root_table(divergence, delta, torch.device("cpu")).float().to(device).contiguous()
-        )
+        _FLOAT32_TABLES[key] = _root_table(divergence, delta, torch.device("cpu")).float().to(device).contiguous()
     return _FLOAT32_TABLES[key]
 
 
@@ -323,7 +311,5 @@ def band_token_loss_triton(
     """The fused kernel path of `openrlhf_band.band_token_loss` (same arguments and outputs)."""
     _validate(divergence, delta, upper_cap, relax)
     config = (divergence, float(delta), upper_cap, relax, dual_clip, return_bounds)
-    loss, flags, lower, upper = BandLossFunction.apply(
-        log_probs, old_log_probs, advantages, action_mask, config
-    )
+    loss, flags, lower, upper = BandLossFunction.apply(log_probs, old_log_probs, advantages, action_mask, config)
     return BandTokenLoss(loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper)

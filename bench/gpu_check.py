@@ -1,0 +1,102 @@
+"""GPU correctness and speed check for the fused Band loss kernel, in one process.
+
+Run by bench/gpu_check.sh on a CUDA machine whose image has torch and triton (it installs
+nothing). Correctness: the kernel against the torch reference on CUDA for every divergence and
+option, including masked garbage and bf16. Speed: `openrlhf-band bench kernel` at 524,288 and
+4,194,304 tokens. Everything is written under $OUT (default bench/results/gpu).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from openrlhf_band import DIVERGENCES, band_bounds  # noqa: E402
+from openrlhf_band.functional import band_token_loss  # noqa: E402
+
+
+def check_case(divergence, dtype, dual_clip, relax, upper_cap, shape, per_sequence_adv, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    old = -torch.rand(shape, device="cuda", generator=gen) * 12
+    old[..., :3] = torch.tensor([0.0, -float("inf"), -1e-7], device="cuda")[: shape[-1]]
+    new = (old.clamp(min=-30) + 0.4 * torch.randn(shape, device="cuda", generator=gen)).to(dtype)
+    adv_shape = (shape[0], 1) if per_sequence_adv else shape
+    adv = torch.randn(adv_shape, device="cuda", generator=gen)
+    mask = torch.rand(shape, device="cuda", generator=gen) > 0.2
+    mask[..., 1] = False  # p = 0 is masked here (its surrogate is undefined: r = inf)
+    garbage = ~mask
+    new = torch.where(garbage, torch.full_like(new, float("nan")), new).requires_grad_(True)
+    old = torch.where(garbage & (torch.rand(shape, device="cuda", generator=gen) > 0.5), float("inf"), old)
+    upstream = torch.randn(shape, device="cuda", generator=gen)
+    kwargs = dict(divergence=divergence, dual_clip=dual_clip, relax=relax, upper_cap=upper_cap, return_bounds=True)
+    fused = band_token_loss(new, old, adv, mask, backend="triton", **kwargs)
+    ref = band_token_loss(new, old, adv, mask, backend="torch", **kwargs)
+    (g_fused,) = torch.autograd.grad(fused.loss, new, upstream)
+    (g_ref,) = torch.autograd.grad(ref.loss, new, upstream)
+    tol = dict(atol=1e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    lower, upper = band_bounds(old, divergence, 0.05, upper_cap=upper_cap, relax=relax)
+    problems = []
+    for name, a, b in [
+        ("loss", fused.loss, ref.loss),
+        ("grad", g_fused.float(), g_ref.float()),
+        ("lower", fused.lower[mask], lower[mask]),
+        ("upper", fused.upper[mask], upper[mask]),
+    ]:
+        if not torch.allclose(a, b, **tol, equal_nan=False):
+            problems.append(f"{name}: max abs diff {(a - b).abs().nan_to_num(1e30).max().item():.3e}")
+    flags_mismatch = sum(
+        int((getattr(fused, f) != getattr(ref, f)).sum()) for f in ("clipped_upper", "clipped_lower", "dual_clipped")
+    )
+    if flags_mismatch > max(2, fused.loss.numel() // 100000):  # exact ties r == bound may differ in the last ulp
+        problems.append(f"flags differ at {flags_mismatch} tokens")
+    if fused.loss[~mask].abs().max().item() != 0 or g_fused[~mask].abs().max().item() != 0:
+        problems.append("masked positions not exactly 0")
+    if not torch.isfinite(fused.loss).all() or not torch.isfinite(g_fused).all():
+        problems.append("non-finite loss or gradient")
+    return problems
+
+
+def main() -> int:
+    out = Path(os.environ.get("OUT", "bench/results/gpu"))
+    out.mkdir(parents=True, exist_ok=True)
+    assert torch.cuda.is_available(), "gpu_check.py needs CUDA"
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
+    import triton
+
+    report["triton"] = triton.__version__
+    failures = 0
+    start = time.time()
+    grid = itertools.product(
+        DIVERGENCES, (torch.float32, torch.bfloat16), (None, 10.0), (None, (0.2, 0.28)), (None, 10.0), (False, True)
+    )
+    for divergence, dtype, dual, relax, cap, per_seq in grid:
+        problems = check_case(divergence, dtype, dual, relax, cap, (5, 4093), per_seq)
+        failures += bool(problems)
+        report["cases"].append(
+            {"divergence": divergence, "dtype": str(dtype), "dual_clip": dual, "relax": relax, "upper_cap": cap,
+             "per_sequence_adv": per_seq, "problems": problems}
+        )  # fmt: skip
+    for shape in [(1, 70000), (3, 47), (64, 8192)]:
+        problems = check_case("kl", torch.float32, 10.0, None, 10.0, shape, False)
+        failures += bool(problems)
+        report["cases"].append({"divergence": "kl", "shape": list(shape), "problems": problems})
+    report["failures"] = failures
+    report["seconds"] = time.time() - start
+    (out / "gpu_correctness.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"correctness: {len(report['cases'])} cases, {failures} failing, {report['seconds']:.0f} s")
+    for case in report["cases"]:
+        if case["problems"]:
+            print("  FAIL", case)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One-call GPU check for a lent CUDA machine (torch + triton preinstalled; nothing is installed).
+# Usage, from the repository root:  OUT=/some/dir bash bench/gpu_check.sh
+# Writes under $OUT: gpu_correctness.json, the kernel benchmark JSON/CSV, pytest output if pytest exists.
+# Budget: under 8 minutes on an H200 (correctness ~1-2 min, benchmark ~1 min, tests ~1 min).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-bench/results/gpu}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OPENRLHF_BAND_BENCH_DIR="$OUT" PYTHONWARNINGS=ignore
+unset TRITON_INTERPRET
+status=0
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > "$OUT/nvidia-smi.csv" 2>&1 || true
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
+timeout 240 python bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log" || status=1
+timeout 180 python -m openrlhf_band.cli bench kernel --tokens 524288 4194304 --divergences kl chi2 tv --repeats 20 \
+  2>&1 | tee "$OUT/bench_kernel.log" || status=1
+timeout 60 python -m openrlhf_band.cli bench bounds --device cuda --repeats 20 2>&1 | tee "$OUT/bench_bounds.log" || status=1
+if python -c "import pytest, hypothesis, mpmath" 2>/dev/null; then
+  OPENRLHF_BAND_TEST_DEVICE=cuda timeout 120 python -m pytest -q -p no:cacheprovider tests/test_band_loss_kernel.py \
+    2>&1 | tail -20 | tee "$OUT/pytest_kernel.log" || status=1
+else
+  echo "pytest/hypothesis/mpmath not in this image: the pytest suite was not run on GPU" | tee "$OUT/pytest_kernel.log"
+fi
+exit $status
