@@ -30,8 +30,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench
 
+# Until the CPU GRPO demo lands (issue 6): the band next to fixed clips, as a table and a plot.
 demo: $(STAMP)
-	$(VENV)/bin/openrlhf-band demo
+	$(VENV)/bin/openrlhf-band bounds --divergence kl --delta 0.05
+	$(VENV)/bin/openrlhf-band plot-bounds --delta 0.05 -o out/bounds.png
 
 bench: $(STAMP)
 	$(VENV)/bin/openrlhf-band bench bounds
