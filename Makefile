@@ -14,13 +14,15 @@ venv: $(STAMP)
 
 # torch first and alone, pinned: the CPU wheel on local disk. Installing it with the rest lets
 # pip pick a several-GB CUDA build. openrlhf goes in with --no-deps because it hard-requires
-# flash-attn (CUDA-only sdist); its other requirements are pinned in the lock file.
+# flash-attn (CUDA-only sdist); its other requirements are pinned in the lock file. Then the
+# patch set (band loss, flags, metrics, imports without flash-attn / vLLM) goes onto it.
 $(STAMP): requirements/cpu-lock.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0 triton==3.7.1
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c requirements/cpu-lock.txt -r requirements/cpu-lock.txt
 	$(PY) -m pip install --quiet --no-deps openrlhf==0.11.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(VENV)/bin/openrlhf-band patch apply
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -32,6 +32,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return kernel_bench.main(args)
 
 
+def _cmd_patch(args: argparse.Namespace) -> int:
+    from openrlhf_band import patching
+
+    return patching.main(args)
+
+
+def _cmd_check_args(args: argparse.Namespace) -> int:
+    from openrlhf_band.check_args import main as check_args_main
+
+    return check_args_main(args.train_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from openrlhf_band.divergences import DIVERGENCES
 
@@ -51,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--divergences", nargs="+", default=list(DIVERGENCES), choices=DIVERGENCES)
     p.add_argument("-o", "--output", default="bounds.png")
     p.set_defaults(func=_cmd_plot_bounds)
+
+    p = sub.add_parser("patch", help="apply / check / revert / status of the OpenRLHF 0.11.2 patch set")
+    from openrlhf_band import patching
+
+    patching.add_arguments(p)
+    p.set_defaults(func=_cmd_patch)
+
+    p = sub.add_parser(
+        "check-args",
+        help="validate train_ppo_ray arguments with the patched parser (no Ray) and print the loss config",
+    )
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by train_ppo_ray arguments")
+    p.set_defaults(func=_cmd_check_args)
 
     p = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
     bench_sub = p.add_subparsers(dest="what", required=True)

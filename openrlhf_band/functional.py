@@ -30,6 +30,7 @@ def band_token_loss(
     dual_clip: float | None = None,
     backend: str = "auto",
     return_bounds: bool = False,
+    bounds: tuple[Tensor | float, Tensor | float] | None = None,
 ) -> BandTokenLoss:
     """Per-token Band surrogate -min(r A, clip(r, r_low(p), r_up(p)) A), dual-clipped when asked.
 
@@ -44,6 +45,9 @@ def band_token_loss(
         backend: "auto" (CUDA -> triton, otherwise torch), "triton" (CUDA, or CPU under
             TRITON_INTERPRET=1), or "torch".
         return_bounds: also return the (lower, upper) ratio bounds used (float32).
+        bounds: (lower, upper) ratio bounds (tensors broadcastable to the input, or numbers) to use
+            instead of the band, as given (no cap or relax): e.g. a fixed clip interval, or a
+            probability-dependent rule computed by the caller.
 
     Returns:
         `BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, lower, upper)`: per-token
@@ -71,9 +75,11 @@ def band_token_loss(
 
         return band_token_loss_triton(
             log_probs, old_log_probs, advantages, action_mask, divergence=divergence, delta=delta,
-            upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds,
+            upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds, bounds=bounds,
         )  # fmt: skip
+    if bounds is not None:
+        bounds = tuple(torch.as_tensor(b, dtype=torch.float32, device=log_probs.device) for b in bounds)
     return band_token_loss_reference(
         log_probs, old_log_probs, advantages, action_mask, divergence=divergence, delta=delta,
-        upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds,
+        upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds, bounds=bounds,
     )  # fmt: skip

@@ -230,7 +230,7 @@ class BandLossFunction(torch.autograd.Function):
 
 
 def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
-    divergence, delta, upper_cap, relax, dual_clip, return_bounds = config
+    divergence, delta, upper_cap, relax, dual_clip, return_bounds, given_bounds = config
     shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
     logp = _as_2d(log_probs, shape2d)
     old = _as_2d(old_log_probs, shape2d)
@@ -246,7 +246,10 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     kind = _IN_KERNEL_CLOSED_FORMS.get(divergence)
     table, cells = loss, 1
     lo_pre = hi_pre = loss
-    if kind is None and _validate(divergence, delta, upper_cap, relax)[0].tabulate:
+    if given_bounds is not None:
+        kind = BOUNDS_PRECOMPUTED
+        lo_pre, hi_pre = given_bounds
+    elif kind is None and _validate(divergence, delta, upper_cap, relax)[0].tabulate:
         kind = BOUNDS_TABLE
         table = _float32_table(divergence, delta, device)
         cells = table.shape[1]
@@ -307,9 +310,18 @@ def band_token_loss_triton(
     relax: tuple[float, float] | None = None,
     dual_clip: float | None = None,
     return_bounds: bool = False,
+    bounds: tuple[Tensor | float, Tensor | float] | None = None,
 ) -> BandTokenLoss:
     """The fused kernel path of `openrlhf_band.band_token_loss` (same arguments and outputs)."""
     _validate(divergence, delta, upper_cap, relax)
-    config = (divergence, float(delta), upper_cap, relax, dual_clip, return_bounds)
+    if bounds is not None:  # used as given: the kernel reads them, no cap or relax on top
+        shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
+        bounds = tuple(
+            torch.as_tensor(b, dtype=torch.float32, device=log_probs.device).expand(log_probs.shape)
+            .reshape(shape2d).contiguous()
+            for b in bounds
+        )  # fmt: skip
+        upper_cap = relax = None
+    config = (divergence, float(delta), upper_cap, relax, dual_clip, return_bounds, bounds)
     loss, flags, lower, upper = BandLossFunction.apply(log_probs, old_log_probs, advantages, action_mask, config)
     return BandTokenLoss(loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper)
