@@ -26,10 +26,9 @@ METRIC_PROB_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)
 _BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
 
 
-def _upper_cap(text: str) -> float | None:
-    if text.lower() in ("none", "off", "inf"):
-        return None
-    return float(text)
+def _upper_cap(text: str) -> float:
+    # "none" parses to inf (no cap), not None: None means "flag not given, use the default"
+    return math.inf if text.lower() in ("none", "off") else float(text)
 
 
 def add_band_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +77,7 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
     for key, default in BAND_DEFAULTS.items():
         if getattr(band, key, None) is None:
             setattr(band, key, default)
-    if band.upper_cap is not None and math.isnan(band.upper_cap):
+    if band.upper_cap == math.inf:
         band.upper_cap = None
     try:
         _validate(band.divergence, band.delta, band.upper_cap, band.relax)
