@@ -25,9 +25,11 @@ $(STAMP): requirements/cpu-lock.txt setup.py
 	$(VENV)/bin/openrlhf-band patch apply
 	touch $(STAMP)
 
+# One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
+# 2-core machine slows by 10x or more.
 test: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench
-	$(PY) -m pytest
+	OMP_NUM_THREADS=1 $(PY) -m pytest
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench

@@ -64,6 +64,12 @@ def band_token_loss(
         )
     if action_mask is not None and action_mask.shape != log_probs.shape:
         raise ValueError(f"action_mask shape {tuple(action_mask.shape)} != log_probs shape {tuple(log_probs.shape)}")
+    per_sequence = log_probs.dim() == 2 and advantages.shape in ((log_probs.shape[0],), (log_probs.shape[0], 1))
+    if advantages.shape != log_probs.shape and not per_sequence:
+        raise ValueError(
+            f"advantages of shape {tuple(advantages.shape)} do not fit log_probs of shape "
+            f"{tuple(log_probs.shape)}: expected per token (same shape) or, for (B, T), per sequence (B, 1) / (B,)"
+        )
     use_triton = backend == "triton" or (backend == "auto" and log_probs.device.type == "cuda")
     if use_triton:
         if not _triton_usable(log_probs.device):

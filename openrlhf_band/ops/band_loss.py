@@ -88,26 +88,33 @@ def _band(
         b = b * t + tl.load(table_ptr + 6 * cells + idx, mask=valid, other=0.0)
         b = b * t + tl.load(table_ptr + 5 * cells + idx, mask=valid, other=0.0)
         b = b * t + tl.load(table_ptr + 4 * cells + idx, mask=valid, other=0.0)
-        inv_p = tl.exp(-x)
-        hi = tl.exp(a) * inv_p
-        lo = tl.exp(-b * inv_p)
+        # products with 1/sqrt(p), squared: finite wherever the bound is (1/p alone overflows
+        # float32 below log p = -88.7 while q_up / p does not until about -91)
+        inv_sqrt_p = tl.exp(-0.5 * x)
+        hi = tl.exp(0.5 * a) * inv_sqrt_p
+        hi = hi * hi
+        lo = tl.exp(-b * (inv_sqrt_p * inv_sqrt_p))
     else:
         p = tl.exp(x)
         q1 = _one_minus_exp(x)
-        inv_p = tl.exp(-x)
+        inv_sqrt_p = tl.exp(-0.5 * x)
+        inv_p = inv_sqrt_p * inv_sqrt_p
         if KIND == 1:  # tv: 1 -+ delta / p; saturates when 1 - p <= delta / p <= delta
-            half = delta * inv_p
+            half = tl.sqrt(delta) * inv_sqrt_p
+            half = half * half
             hi = tl.where(q1 <= delta, inv_p, 1.0 + half)
             lo = tl.where(p <= delta, 0.0, 1.0 - half)
         elif KIND == 2:  # chi2: 1 -+ sqrt(delta (1 - p) / p)
-            half = tl.sqrt(delta * q1 * inv_p)
+            half = tl.sqrt(delta * q1) * inv_sqrt_p
             hi = tl.where(q1 * inv_p <= delta, inv_p, 1.0 + half)
             lo = tl.where(p / q1 <= delta, 0.0, 1.0 - half)
         else:  # hellinger: (sqrt p cos -+ sqrt(1 - p) sin)^2 / p
             along = tl.sqrt(p) * cos_theta
             across = tl.sqrt(q1) * sin_theta
-            hi = tl.where(2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta, inv_p, (along + across) * (along + across) * inv_p)
-            lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta, 0.0, (along - across) * (along - across) * inv_p)
+            up = (along + across) * inv_sqrt_p
+            down = (along - across) * inv_sqrt_p
+            hi = tl.where(2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta, inv_p, up * up)
+            lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta, 0.0, down * down)
         # p = 1 exactly (x = 0) falls out of these formulas as the p -> 1 limits, as in band_bounds
     return lo, hi
 
@@ -158,15 +165,19 @@ def _band_loss_fwd_kernel(
     objective = tl.minimum(surr1, surr2)
     clipped_upper = valid & (adv > 0) & (ratio > hi)
     clipped_lower = valid & (adv < 0) & (ratio < lo)
+    # d objective / d log pi = r A on the active unclipped branch; at an exact tie between that
+    # branch and the dual-clip floor torch.max (so OpenRLHF) splits the gradient in half
+    grad_share = 1.0
     if HAS_DUAL:
         floor = dual_clip * adv
         dual = valid & (adv < 0) & (floor > objective)
+        grad_share = tl.where(valid & (adv < 0) & (floor == objective), 0.5, 1.0)
         objective = tl.where(dual, floor, objective)
     else:
         dual = valid & (adv != adv)  # all false, same shape
     loss = tl.where(valid, -objective, 0.0)
     active = valid & ~clipped_upper & ~clipped_lower & ~dual & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP)
-    coef = tl.where(active, -ratio * adv, 0.0)
+    coef = tl.where(active, -ratio * adv * grad_share, 0.0)
 
     tl.store(loss_ptr + offs, loss, mask=in_range)
     tl.store(coef_ptr + offs, coef, mask=in_range)
@@ -234,7 +245,10 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
     logp = _as_2d(log_probs, shape2d)
     old = _as_2d(old_log_probs, shape2d)
-    adv = broadcast_advantages(advantages.reshape(shape2d[0], -1) if advantages.dim() != 2 else advantages, shape2d)
+    if advantages.shape == log_probs.shape:
+        adv = advantages.reshape(shape2d)
+    else:  # per sequence: (B,) or (B, 1) against (B, T), validated by the dispatcher
+        adv = broadcast_advantages(advantages, shape2d)
     n = logp.numel()
     device = logp.device
     loss = torch.empty(shape2d, dtype=torch.float32, device=device)

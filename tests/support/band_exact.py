@@ -99,70 +99,72 @@ def g(div: str, p, r, *, pbar=None, dps: int = BASE_DPS + 40) -> mpf:
 # --------------------------------------------------------------------------------------------
 # cancellation-free pieces in t = log r and x = c - 1
 # --------------------------------------------------------------------------------------------
-def _pieces(div: str):
-    """(f(e^t), r f'(r) at r = e^t, f(1 + x), f'(1 + x)) for t < 0, x > 0."""
-    exp, expm1, log1p, sqrt = mpmath.exp, mpmath.expm1, mpmath.log1p, mpmath.sqrt
+def _exp_pair(t: mpf) -> tuple[mpf, mpf]:
+    """(e^t, e^t - 1); plain subtraction is used once |t| > 1/64 (it then costs < 2 of the
+    >= 25 spare digits), mpmath.expm1 (slower) near t = 0."""
+    e = mpmath.exp(t)
+    return e, (e - 1 if abs(t) > mpf(1) / 64 else mpmath.expm1(t))
+
+
+def _fc(div: str, x: mpf) -> mpf:
+    """f(1 + x) without cancellation (x > -1)."""
     if div == "kl":
-        return (
-            lambda t: expm1(t) - t,
-            lambda t: expm1(t),
-            lambda x: x - log1p(x),
-            lambda x: x / (1 + x),
-        )
+        return x - mpmath.log1p(x)
     if div == "tv":
-        return (
-            lambda t: abs(expm1(t)) / 2,
-            lambda t: exp(t) * mpmath.sign(t) / 2,
-            lambda x: abs(x) / 2,
-            lambda x: mpmath.sign(x) / 2,
-        )
+        return abs(x) / 2
     if div == "chi2":
-        return (
-            lambda t: expm1(t) ** 2,
-            lambda t: 2 * exp(t) * expm1(t),
-            lambda x: x**2,
-            lambda x: 2 * x,
-        )
+        return x * x
     if div == "reverse_kl":
-        return (
-            lambda t: t * exp(t) - expm1(t),
-            lambda t: t * exp(t),
-            lambda x: (1 + x) * log1p(x) - x,
-            lambda x: log1p(x),
-        )
+        return (1 + x) * mpmath.log1p(x) - x
     if div == "hellinger":
-        return (
-            lambda t: expm1(t / 2) ** 2,
-            lambda t: exp(t / 2) * expm1(t / 2),
-            lambda x: (x / (sqrt(1 + x) + 1)) ** 2,
-            lambda x: x / ((sqrt(1 + x) + 1) * sqrt(1 + x)),
-        )
+        return (x / (mpmath.sqrt(1 + x) + 1)) ** 2
     raise ValueError(f"unknown divergence {div!r}")
+
+
+def _G_and_slope(div: str, t: mpf, p: mpf, pbar: mpf) -> tuple[mpf, mpf]:
+    """G(t) = p f(r) + pbar f(1 + x) and G'(t) = p (r f'(r) - r f'(1 + x)), r = e^t,
+    x = p (1 - r) / pbar, every term free of cancellation for t < 0."""
+    if div == "hellinger":
+        h, hm1 = _exp_pair(t / 2)  # sqrt(r), sqrt(r) - 1
+        r, em1 = h * h, hm1 * (h + 1)
+    else:
+        r, em1 = _exp_pair(t)
+    x = p * (-em1) / pbar
+    if div == "kl":  # f(r) = r - 1 - log r; r f'(r) = r - 1; f'(1 + x) = x / (1 + x)
+        fr, rdfr, dfc = em1 - t, em1, x / (1 + x)
+    elif div == "tv":  # f(r) = |r - 1| / 2; r f'(r) = -r / 2 (r < 1); f'(1 + x) = 1/2 (x > 0)
+        fr, rdfr, dfc = -em1 / 2, -r / 2, mpf(1) / 2
+    elif div == "chi2":  # f(r) = (r - 1)^2; r f'(r) = 2 r (r - 1); f'(1 + x) = 2 x
+        fr, rdfr, dfc = em1 * em1, 2 * r * em1, 2 * x
+    elif div == "reverse_kl":  # f(r) = r log r - r + 1; r f'(r) = r log r; f'(1 + x) = log1p(x)
+        fr, rdfr, dfc = t * r - em1, t * r, mpmath.log1p(x)
+    elif div == "hellinger":  # f(r) = (sqrt r - 1)^2; r f'(r) = r - sqrt r; f'(1+x) = 1 - 1/sqrt(1+x)
+        sq = mpmath.sqrt(1 + x)
+        fr, rdfr, dfc = hm1 * hm1, h * hm1, x / ((sq + 1) * sq)
+    else:
+        raise ValueError(f"unknown divergence {div!r}")
+    return p * fr + pbar * _fc(div, x), p * (rdfr - r * dfc)
+
+
+# f''(1): kl 1, chi2 2, reverse_kl 1, hellinger 1/2 (tv has a kink at 1: no quadratic model).
+_F2_AT_1 = {"kl": mpf(1), "chi2": mpf(2), "reverse_kl": mpf(1), "hellinger": mpf(1) / 2}
 
 
 def _lower_edge_value(div: str, p: mpf, pbar: mpf) -> mpf:
     """G(-inf) = g(p, 0) = p f(0) + pbar f(1/pbar), with f(1/pbar) = f(1 + p/pbar)."""
-    _, _, fc, _ = _pieces(div)
     f0 = _f_at_zero(div)
     if f0 == mpmath.inf:
         return mpmath.inf
-    return p * f0 + pbar * fc(p / pbar)
+    return p * f0 + pbar * _fc(div, p / pbar)
 
 
 def _lower_log_root(div: str, p: mpf, pbar: mpf, delta: mpf, tol: mpf):
     """log of the lower root of g(p, r) = delta for the pair (p, pbar); None when saturated."""
     if _lower_edge_value(div, p, pbar) <= delta:
         return None
-    fr, rdfr, fc, dfc = _pieces(div)
-
-    def x_of(t):
-        return p * (-mpmath.expm1(t)) / pbar
 
     def h(t):
-        return p * fr(t) + pbar * fc(x_of(t)) - delta
-
-    def dh(t):
-        return p * (rdfr(t) - mpmath.exp(t) * dfc(x_of(t)))
+        return _G_and_slope(div, t, p, pbar)[0] - delta
 
     # Bracket: h(b) <= 0 (h(0) = -delta), h(a) > 0. For kl, t = -(1 + delta/p) always
     # brackets: G(t) >= p (e^t - 1 - t) = p e^t + delta > delta there.
@@ -176,21 +178,33 @@ def _lower_log_root(div: str, p: mpf, pbar: mpf, delta: mpf, tol: mpf):
     else:  # pragma: no cover - G(-inf) > delta guarantees termination
         raise RuntimeError("could not bracket the lower root")
 
+    # Start from the quadratic model g ~ (f''(1)/2) (p/pbar) t^2 near r = 1 when it falls in the
+    # bracket (saves the ~log2(1/|t|) damped Newton steps when the root hugs t = 0); the
+    # bracketed iteration below does not depend on the guess for correctness.
     x = (a + b) / 2
+    curv = _F2_AT_1.get(div)
+    if curv is not None:
+        t0 = -mpmath.sqrt(2 * delta * pbar / (curv * p))
+        if a < t0 < b:
+            x = t0
     for _ in range(5000):
-        hx = h(x)
+        gx, d = _G_and_slope(div, x, p, pbar)
+        hx = gx - delta
         if hx == 0:
             return x
         if hx > 0:
             a = x
         else:
             b = x
-        d = dh(x)
         xn = x - hx / d if d != 0 else None
+        # Converged: the Newton correction is below tolerance (it may land on, or a rounding
+        # hair outside, the bracket end just moved to x; then x itself is the answer).
+        if xn is not None and abs(xn - x) <= tol * max(1, abs(x)):
+            return xn if a <= xn <= b else x
         if xn is None or not (a < xn < b):
             xn = (a + b) / 2
         scale = max(1, abs(xn))
-        if abs(xn - x) <= tol * scale or (b - a) <= tol * scale:
+        if (b - a) <= tol * scale:
             return xn
         x = xn
     raise RuntimeError(f"lower root did not converge ({div}, p={mpmath.nstr(p, 10)})")
@@ -260,7 +274,7 @@ def _bounds_pair(div: str, p: mpf, pbar: mpf, delta: mpf, dps: int):
     return lower, upper, sat_lower, sat_upper
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_bounds(div: str, log_p: float, delta: float):
     """(lower, upper, sat_lower, sat_upper) for p = exp(log_p) with the exact binary value of the
     float ``log_p`` (and of ``delta``).
@@ -317,10 +331,19 @@ def p_pair(log_p: float, dps: int | None = None):
         return _p_pair(log_p)
 
 
-@functools.lru_cache(maxsize=None)
+def p1_edge_g(div: str) -> tuple[mpf, mpf]:
+    """lim_{p -> 1} (g(p, 0), g(p, 1/p)): (f(0) + lim (1 - p) f(1/(1 - p)), 0)."""
+    lim0 = {"kl": mpmath.inf, "tv": mpf(1), "chi2": mpmath.inf, "reverse_kl": mpmath.inf, "hellinger": mpf(2)}
+    return lim0[div], mpf(0)
+
+
+@functools.cache
 def edge_g(div: str, log_p: float):
-    """(g(p, 0), g(p, 1/p)) for the exact float log_p < 0: the saturation tests of Prop. 3."""
+    """(g(p, 0), g(p, 1/p)) for the exact float log_p <= 0: the saturation tests of Prop. 3
+    (log_p = 0 gives the p -> 1 limits)."""
     log_p = float(log_p)
+    if log_p == 0:
+        return p1_edge_g(div)
     dps = _dps_for(_min_p_log10(log_p), 1.0)
     with mpmath.workdps(dps):
         p, pbar = _p_pair(log_p)
@@ -328,13 +351,86 @@ def edge_g(div: str, log_p: float):
 
 
 def g_at_log_p(div: str, log_p: float, r, *, extra_dps: int = 40) -> mpf:
-    """g(p, r) for p = exp(log_p) (exact float) and r given as float/mpf; r >= 1/p uses the exact
-    edge value g(p, 1/p) when r rounds onto 1/p, +inf beyond it (outside the simplex)."""
+    """g(p, r) for p = exp(log_p) (exact float log_p < 0) and r as float/mpf. r is clamped onto
+    the simplex [0, 1/p] first (the edges use the exact limits of :func:`edge_g`), so a bound
+    that rounds a hair past 1/p is judged by g(p, 1/p)."""
     log_p = float(log_p)
     dps = _dps_for(_min_p_log10(log_p), 1.0) + extra_dps
     with mpmath.workdps(dps):
         p, pbar = _p_pair(log_p)
         r = mpf(r)
-        if r == 0:
+        if r <= 0:
             return _lower_edge_value(div, p, pbar)
+        if r * p >= 1:
+            return _lower_edge_value(div, pbar, p)
         return g(div, p, r, pbar=pbar, dps=dps)
+
+
+# --------------------------------------------------------------------------------------------
+# comparison helper shared by the accuracy and property tests (takes plain floats: it never
+# calls the implementation, it judges numbers produced by it)
+# --------------------------------------------------------------------------------------------
+def _fmt(x) -> str:
+    if isinstance(x, mpf):
+        return mpmath.nstr(x, 17)
+    return repr(x)
+
+
+def check_against_oracle(
+    div: str,
+    delta: float,
+    log_ps,
+    lowers,
+    uppers,
+    *,
+    rtol: float,
+    flag_rtol: float,
+    tiny: float,
+    floor: float = 1e-3,
+    tie_rtol: float = 1e-9,
+) -> list[str]:
+    """Compare implementation outputs (floats) with the oracle; return failure descriptions.
+
+    value:  |ours - exact| <= rtol * max(exact, floor) for both bounds.
+    domain: 0 <= lower <= upper <= (1/p)(1 + flag_rtol), no NaN.
+    flags (Prop. 3), skipped at genuine ties |g(p, edge) - delta| <= tie_rtol * delta:
+      lower: exact saturated -> ours == 0 exactly; exact unsaturated and >= ``tiny`` (the
+             smallest normal of the output dtype) -> ours > 0. Below ``tiny`` the exact lower
+             bound underflows (kl at p = 1e-20 is exp(-5e18)) and 0 is the right output.
+      upper: "ours saturated" means |ours - 1/p| <= flag_rtol / p. Exact saturated -> ours
+             saturated; exact unsaturated with 1/p - exact > 2 (rtol + flag_rtol) / p -> ours not
+             saturated. In between the root is closer to 1/p than the output precision resolves.
+    """
+    fails: list[str] = []
+    for log_p, lo, up in zip(log_ps, lowers, uppers, strict=True):
+        log_p, lo, up = float(log_p), float(lo), float(up)
+        ex_lo, ex_up, sat_lo, sat_up = exact_bounds(div, log_p, delta)
+        ip = inv_p(log_p)
+        where = f"{div} delta={delta!r} log_p={log_p!r}"
+        if math.isnan(lo) or math.isnan(up):
+            fails.append(f"{where}: NaN output (lower={lo!r}, upper={up!r})")
+            continue
+        for name, ours, ex in (("lower", lo, ex_lo), ("upper", up, ex_up)):
+            err = abs(mpf(ours) - ex)
+            if not err <= rtol * max(ex, mpf(floor)):
+                fails.append(
+                    f"{where}: {name} ours={ours!r} exact={_fmt(ex)} "
+                    f"rel_err={mpmath.nstr(err / max(ex, mpf(floor)), 3)} > {rtol}"
+                )
+        if not (0 <= lo <= up and up <= ip * (1 + flag_rtol)):
+            fails.append(f"{where}: outside 0 <= lower <= upper <= 1/p: [{lo!r}, {up!r}], 1/p={_fmt(ip)}")
+        g0, g1 = edge_g(div, log_p)
+        tie_lo = g0 != mpmath.inf and abs(g0 - delta) <= tie_rtol * delta
+        tie_up = g1 != mpmath.inf and abs(g1 - delta) <= tie_rtol * delta
+        if not tie_lo:
+            if sat_lo and lo != 0:
+                fails.append(f"{where}: lower should saturate to exactly 0 (g(p,0)={_fmt(g0)}), ours={lo!r}")
+            if not sat_lo and ex_lo >= tiny and not lo > 0:
+                fails.append(f"{where}: lower reported saturated (0) but exact={_fmt(ex_lo)} is representable")
+        if not tie_up:
+            ours_sat = abs(mpf(up) - ip) <= flag_rtol * ip
+            if sat_up and not ours_sat:
+                fails.append(f"{where}: upper should saturate to 1/p={_fmt(ip)} (g(p,1/p)={_fmt(g1)}), ours={up!r}")
+            if not sat_up and (ip - ex_up) > 2 * (rtol + flag_rtol) * ip and ours_sat:
+                fails.append(f"{where}: upper reported saturated ({up!r}) but exact={_fmt(ex_up)}")
+    return fails
