@@ -251,6 +251,11 @@ def make_experience(actor: Actor) -> Experience:
     # the rollout policy and the reference differ a little from the current weights
     old = (log_probs + 0.3 * torch.randn(log_probs.shape, generator=gen) * mask).clamp(max=-1e-4) * mask
     base = (log_probs + 0.1 * torch.randn(log_probs.shape, generator=gen) * mask).clamp(max=-1e-4) * mask
+    # two tokens far outside the band (the noise alone stays inside it: the tiny model's tokens have
+    # p ~ 1 / VOCAB, where the KL band is wide): ratio e^3 ~ 20 > the cap 10 with A > 0 (sample 0),
+    # and p_old = 0.4 with ratio ~ 0.02 < r_low(0.4) ~ 0.64 with A < 0 (sample 1)
+    old[0, 0] = log_probs[0, 0] - 3.0
+    old[1, 1] = math.log(0.4)
 
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     group = rewards.view(1, BATCH)  # group_norm: (r - mean) / (std + 1e-9) within the prompt's group
@@ -347,8 +352,14 @@ def test_band_loss_trains_through_the_patched_trainer(gloo_world):
     assert metrics["band/clip_frac_upper"] + metrics["band/clip_frac_lower"] == pytest.approx(
         metrics["ppo_clip_ratio"].item(), abs=1e-6
     )
-    # the perturbed rollout log-probs put some ratios outside the band
-    assert 0.0 < metrics["ppo_clip_ratio"].item() < 1.0
+    # both sides of the band clip (make_experience puts a token beyond each), and it clips fewer of
+    # these rare tokens than the fixed clip [0.8, 1.2] does on the same inputs
+    assert metrics["band/clip_frac_upper"] > 0 and metrics["band/clip_frac_lower"] > 0
+    assert metrics["band/clip_frac_p<0.01"] > 0 and metrics["band/clip_frac_p0.1-0.5"] > 0
+    fixed_clip_ratio = PolicyLoss(0.2, 0.2)(
+        log_probs, experience.action_log_probs, experience.advantages, action_mask=experience.action_mask
+    )[1]
+    assert 0.0 < metrics["ppo_clip_ratio"].item() < fixed_clip_ratio.item()
     torch.testing.assert_close(metrics["policy_loss"], expected[0].detach(), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(metrics["ppo_kl"], expected[2], rtol=1e-5, atol=1e-7)
 
