@@ -27,12 +27,15 @@ $(STAMP): requirements/cpu-lock.txt setup.py
 
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more.
-test: $(STAMP)
-	$(PY) -m ruff check openrlhf_band tests bench
+test: $(STAMP) lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest
+
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh openrlhf_band/patches/regenerate.sh .ci/run
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/shellcheck -x $(SHELL_SCRIPTS)
 
 # Until the CPU GRPO demo lands (issue 6): the band next to fixed clips, as a table and a plot.
 demo: $(STAMP)

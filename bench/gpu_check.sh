@@ -4,7 +4,7 @@
 # Writes under $OUT: gpu_correctness.json, the kernel benchmark JSON/CSV, pytest output if pytest exists.
 # Budget: under 8 minutes on an H200 (correctness ~1-2 min, benchmark ~1 min, tests ~1 min).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-bench/results/gpu}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OPENRLHF_BAND_BENCH_DIR="$OUT" PYTHONWARNINGS=ignore

@@ -60,5 +60,10 @@ def main(argv: Sequence[str]) -> int:
     except AssertionError as err:
         print(f"openrlhf-band check-args: invalid arguments: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # OpenRLHF's own validation can fail with other errors on bad combinations
+        print(
+            f"openrlhf-band check-args: OpenRLHF rejected the arguments: {type(err).__name__}: {err}", file=sys.stderr
+        )
+        return 2
     print(json.dumps(resolved_loss_config(args), indent=2))
     return 0

@@ -8,6 +8,7 @@ Importing this module does not import OpenRLHF; `BandPolicyLoss.forward` imports
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from collections.abc import Callable
 
@@ -15,11 +16,20 @@ import torch
 from torch import Tensor, nn
 
 from openrlhf_band.bounds import _validate
+from openrlhf_band.dcpo import dcpo_bounds
 from openrlhf_band.divergences import DIVERGENCES
 from openrlhf_band.functional import BACKENDS, band_token_loss
 
 # The authors' runs: kl, delta 0.05, upper cap 10, relax off (an ablation the paper reports as harmful).
-BAND_DEFAULTS = {"divergence": "kl", "delta": 0.05, "upper_cap": 10.0, "relax": None, "backend": "auto"}
+BAND_DEFAULTS = {
+    "rule": "trust_region",
+    "divergence": "kl",
+    "delta": 0.05,
+    "upper_cap": 10.0,
+    "relax": None,
+    "backend": "auto",
+}
+BAND_RULES = ("trust_region", "dcpo")
 
 #: Old-probability bins of the per-bin clip-fraction metrics: [0, 0.01), [0.01, 0.1), [0.1, 0.5), [0.5, 1].
 METRIC_PROB_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)
@@ -38,6 +48,11 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
     without `--actor.policy_loss_type band` is an error rather than silently ignored.
     """
     group = parser.add_argument_group("BandPO (openrlhf-band)")
+    group.add_argument(
+        "--actor.band.rule", default=None, choices=BAND_RULES,
+        help="trust_region: the f-divergence band (default); dcpo: DCPO's probability-dependent clip with "
+        "eps from --actor.eps_clip_low_high, through the same loss path",
+    )  # fmt: skip
     group.add_argument(
         "--actor.band.divergence", "--band_divergence", default=None, choices=DIVERGENCES,
         help=f"f-divergence of the band's trust region (default {BAND_DEFAULTS['divergence']})",
@@ -81,6 +96,9 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         band.upper_cap = None
     try:
         _validate(band.divergence, band.delta, band.upper_cap, band.relax)
+        if band.rule == "dcpo":  # eps come from --actor.eps_clip_low_high (OpenRLHF fills it later)
+            eps = args.actor.eps_clip_low_high or (args.actor.eps_clip, args.actor.eps_clip)
+            dcpo_bounds(torch.zeros(1), *eps, upper_cap=band.upper_cap)
     except ValueError as err:
         parser.error(f"--actor.band: {err}")
     if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:
@@ -91,13 +109,19 @@ def band_loss_kwargs(args) -> dict:
     """BandPolicyLoss's band arguments from the hierarchized training arguments."""
     band = args.actor.band
     relax = tuple(band.relax) if band.relax is not None else None
-    return {
+    kwargs = {
         "divergence": band.divergence,
         "delta": band.delta,
         "upper_cap": band.upper_cap,
         "relax": relax,
         "backend": band.backend,
     }
+    if band.rule == "dcpo":
+        eps_low, eps_high = args.actor.eps_clip_low_high
+        kwargs["bounds_fn"] = functools.partial(
+            dcpo_bounds, eps_low=eps_low, eps_high=eps_high, upper_cap=band.upper_cap
+        )
+    return kwargs
 
 
 def resolved_loss_config(args) -> dict:
@@ -117,7 +141,12 @@ def resolved_loss_config(args) -> dict:
     }
     if args.actor.policy_loss_type == "band":
         kwargs = band_loss_kwargs(args)
-        config["band"] = {**kwargs, "relax": list(kwargs["relax"]) if kwargs["relax"] else None}
+        kwargs.pop("bounds_fn", None)
+        config["band"] = {
+            **kwargs,
+            "rule": args.actor.band.rule,
+            "relax": list(kwargs["relax"]) if kwargs["relax"] else None,
+        }
     return config
 
 

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Shared launcher for the paper's recipe (BandPO and its baselines) on OpenRLHF 0.11.2.
+# Each method script sources this file and calls `launch METHOD FLAGS...`; only the method flags
+# differ between runs. Settings follow the authors' runs (see README, "Recipe").
+#
+# Environment (all optional):
+#   MODEL            HF model id or path      (default deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B)
+#   DATA_DIR         output of `openrlhf-band prepare-data` (train.jsonl, eval.jsonl; default ./data)
+#   OUTPUT_ROOT      where runs go            (default ./runs; a run is OUTPUT_ROOT/METHOD-seedSEED)
+#   SEED             training seed            (default 42; the paper repeats 3 seeds)
+#   NNODES           nodes                    (default 1)
+#   GPUS_PER_NODE    GPUs per node            (default 8)
+#   VLLM_TP          vLLM tensor parallel size (default 1; engines = NNODES * GPUS_PER_NODE / VLLM_TP)
+#   RAY_ADDRESS      a Ray dashboard address (http://HEAD:8265): submit with `ray job submit`
+#                    (multi-node: `ray start --head` on the head, `ray start --address HEAD:6379`
+#                    on the others); unset: run train_ppo_ray here (it starts/joins Ray itself)
+#   WANDB_API_KEY    log to Weights & Biases (project WANDB_PROJECT, default openrlhf-band)
+#   NO_TENSORBOARD=1 do not write TensorBoard logs (default: OUTPUT_DIR/tensorboard)
+#   EPISODES         --train.num_episodes     (default 1; set the step count via dataset size)
+#   DRY_RUN=1        validate the full argument list with `openrlhf-band check-args` and exit
+#   EXTRA_ARGS       appended to the argument list verbatim (word-split)
+set -euo pipefail
+
+launch() {
+  local METHOD="${1:?usage: launch METHOD FLAGS...}"
+  shift
+  local method_args=("$@")
+  local model="${MODEL:-deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B}"
+  local data_dir="${DATA_DIR:-./data}"
+  local seed="${SEED:-42}"
+  local nnodes="${NNODES:-1}"
+  local gpus="${GPUS_PER_NODE:-8}"
+  local vllm_tp="${VLLM_TP:-1}"
+  local engines=$(( nnodes * gpus / vllm_tp ))
+  local output_dir="${OUTPUT_ROOT:-./runs}/${METHOD}-seed${seed}"
+  local reward_py
+  reward_py="$(python3 -c 'import openrlhf_band.recipe.reward as r; print(r.__file__)')"
+
+  local args=(
+    --actor.model_name_or_path "$model"
+    --actor.num_nodes "$nnodes" --actor.num_gpus_per_node "$gpus"
+    --ref.num_nodes "$nnodes" --ref.num_gpus_per_node "$gpus"
+    --vllm.num_engines "$engines" --vllm.tensor_parallel_size "$vllm_tp"
+    --vllm.gpu_memory_utilization 0.6 --vllm.enable_sleep --ds.enable_sleep
+    --train.colocate_all --ds.zero_stage 3 --ds.param_dtype bf16
+    --actor.gradient_checkpointing_enable --ds.packing_samples
+    --ds.attn_implementation flash_attention_2
+    # GRPO with the paper's batch shape: 256 prompts x 16 samples, 4 optimizer steps per rollout
+    --algo.advantage.estimator group_norm
+    --rollout.batch_size 256 --rollout.n_samples_per_prompt 16
+    --train.batch_size 1024 --train.micro_batch_size 8 --rollout.micro_batch_size 16
+    --rollout.max_new_tokens 4096 --data.max_len 5120
+    --rollout.temperature 1.0 --rollout.top_p 1.0
+    --actor.adam.lr 1e-6 --actor.lr_warmup_ratio 0 --actor.lr_scheduler constant
+    --actor.loss_agg_mode seq-mean-token-mean
+    --algo.kl.use_loss --algo.kl.estimator k3 --algo.kl.init_coef 0.001
+    --actor.entropy_coef 0
+    --train.num_episodes "${EPISODES:-1}" --train.seed "$seed"
+    # data, reward and evaluation (AIME 2024 / 2025, AMC 2023; 32 samples at temperature 1.0)
+    --data.prompt_dataset "$data_dir/train.jsonl" --data.input_key prompt --data.label_key label
+    --data.apply_chat_template
+    --reward.remote_url "$reward_py"
+    --eval.dataset "$data_dir/eval.jsonl" --eval.n_samples_per_prompt 32 --eval.temperature 1.0
+    --eval.steps 20
+    --ckpt.path "$output_dir/ckpt" --ckpt.output_dir "$output_dir/model" --ckpt.save_steps 100
+    --logger.logging_steps 1
+  )
+  if [[ -z "${NO_TENSORBOARD:-}" ]]; then
+    args+=(--logger.tensorboard_dir "$output_dir/tensorboard")
+  fi
+  if [[ -n "${WANDB_API_KEY:-}" ]]; then
+    args+=(--logger.wandb.key "$WANDB_API_KEY" --logger.wandb.project "${WANDB_PROJECT:-openrlhf-band}"
+           --logger.wandb.run_name "${METHOD}-seed${seed}")
+  fi
+  args+=("${method_args[@]}")
+  if [[ -n "${EXTRA_ARGS:-}" ]]; then
+    # shellcheck disable=SC2206  # word splitting of EXTRA_ARGS is the documented behaviour
+    args+=(${EXTRA_ARGS})
+  fi
+
+  if [[ -n "${DRY_RUN:-}" ]]; then
+    echo "[$METHOD] dry run: validating ${#args[@]} arguments with the patched OpenRLHF parser"
+    openrlhf-band check-args -- "${args[@]}"
+    return
+  fi
+
+  mkdir -p "$output_dir"
+  printf '{"method": "%s", "seed": %s, "model": "%s"}\n' "$METHOD" "$seed" "$model" > "$output_dir/run.json"
+  if [[ -n "${RAY_ADDRESS:-}" ]]; then
+    ray job submit --address="$RAY_ADDRESS" --runtime-env-json='{"working_dir": "."}' \
+      -- python3 -m openrlhf.cli.train_ppo_ray "${args[@]}"
+  else
+    python3 -m openrlhf.cli.train_ppo_ray "${args[@]}"
+  fi
+}

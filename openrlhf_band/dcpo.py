@@ -1,0 +1,34 @@
+"""DCPO's dynamic, probability-dependent clip (a baseline in the BandPO paper), served through the
+same Band loss path and kernel as precomputed bounds.
+
+With q = pi_old(a): lower = 0.5 + 0.5 sqrt(max(1 - 4 eps_low / q, 0)),
+                    upper = 0.5 + 0.5 sqrt(1 + 4 eps_high / q)   (then capped).
+At q = 1 this is about [0.8, 1.17] for eps 0.16 / 0.20; as q -> 0 it widens to [0.5, upper_cap].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+DCPO_DEFAULT_EPS = (0.16, 0.20)
+
+
+@torch.no_grad()
+def dcpo_bounds(
+    old_log_probs: Tensor, eps_low: float = 0.16, eps_high: float = 0.20, upper_cap: float | None = 10.0
+) -> tuple[Tensor, Tensor]:
+    """(lower, upper) DCPO ratio bounds, float32, same shape as `old_log_probs` (log pi_old)."""
+    for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"DCPO {name} must be a positive finite number, got {eps!r}")
+    if upper_cap is not None and not upper_cap >= 1.0:
+        raise ValueError(f"upper_cap must be >= 1, got {upper_cap!r}")
+    inv_q = torch.exp(-old_log_probs.detach().to(torch.float64).clamp(max=0.0))
+    lower = 0.5 + 0.5 * torch.sqrt(torch.clamp(1.0 - 4.0 * eps_low * inv_q, min=0.0))
+    upper = 0.5 + 0.5 * torch.sqrt(1.0 + 4.0 * eps_high * inv_q)
+    if upper_cap is not None:
+        upper = upper.clamp(max=upper_cap)
+    return lower.float(), upper.float()
