@@ -37,10 +37,9 @@ lint: $(STAMP)
 	$(VENV)/bin/hadolint Dockerfile
 	$(VENV)/bin/shellcheck -x $(SHELL_SCRIPTS)
 
-# Until the CPU GRPO demo lands (issue 6): the band next to fixed clips, as a table and a plot.
+# The CPU demo: GRPO with clip, Clip-Higher and BandPO from one warm-up checkpoint (out/demo/).
 demo: $(STAMP)
-	$(VENV)/bin/openrlhf-band bounds --divergence kl --delta 0.05
-	$(VENV)/bin/openrlhf-band plot-bounds --delta 0.05 -o out/bounds.png
+	OMP_NUM_THREADS=1 $(VENV)/bin/openrlhf-band demo --out out/demo
 
 bench: $(STAMP)
 	$(VENV)/bin/openrlhf-band bench bounds

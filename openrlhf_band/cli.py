@@ -44,6 +44,17 @@ def _cmd_check_args(args: argparse.Namespace) -> int:
     return check_args_main(args.train_args)
 
 
+def _module_command(module: str):
+    """A subcommand implemented by `module.main(args)` (imported when it runs)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return importlib.import_module(module).main(args)
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     from openrlhf_band.divergences import DIVERGENCES
 
@@ -76,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by train_ppo_ray arguments")
     p.set_defaults(func=_cmd_check_args)
+
+    from openrlhf_band import demo
+    from openrlhf_band.recipe import data, results
+
+    for name, module, help_text in (
+        ("demo", demo, "GRPO on CPU with a tiny model: clip vs Clip-Higher vs BandPO (the README's first command)"),
+        ("prepare-data", data, "write the recipe's train / eval JSONL (DAPO-Math-17k + MATH; AIME 24/25, AMC 23)"),
+        ("results", results, "paper-style table and curves from the TensorBoard logs of several runs"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        module.add_arguments(p)
+        p.set_defaults(func=_module_command(module.__name__))
 
     p = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
     bench_sub = p.add_subparsers(dest="what", required=True)

@@ -83,23 +83,43 @@ def test_metrics_match_a_hand_computation():
     loss_fn = BandPolicyLoss(backend="torch", divergence="chi2", delta=0.05, upper_cap=10.0)
     loss_fn(log_probs, old, adv, action_mask=mask)
     m = loss_fn.band_metrics
+    bins = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
     assert set(m) == {
         "band/clip_frac_upper", "band/clip_frac_lower", "band/lower_mean", "band/upper_mean", "band/width_mean",
-        "band/clip_frac_p<0.01", "band/clip_frac_p0.01-0.1", "band/clip_frac_p0.1-0.5", "band/clip_frac_p>=0.5",
+        *(f"band/tokens_{b}" for b in bins), *(f"band/clipped_{b}" for b in bins),
     }  # fmt: skip
     assert all(v.dim() == 0 and v.dtype == torch.float32 for v in m.values())
     keep = mask.bool()
+    n = keep.sum()
     lower, upper = band_bounds(old, "chi2", 0.05, upper_cap=10.0)
     ratio = torch.exp(log_probs.detach() - old)
     up = (adv > 0) & (ratio > upper) & keep
     low = (adv < 0) & (ratio < lower) & keep
-    torch.testing.assert_close(m["band/clip_frac_upper"], up.sum() / keep.sum())
-    torch.testing.assert_close(m["band/clip_frac_lower"], low.sum() / keep.sum())
+    torch.testing.assert_close(m["band/clip_frac_upper"], up.sum() / n)
+    torch.testing.assert_close(m["band/clip_frac_lower"], low.sum() / n)
     torch.testing.assert_close(m["band/upper_mean"], upper[keep].mean())
     torch.testing.assert_close(m["band/width_mean"], (upper - lower)[keep].mean())
     p = old.exp()
     in_bin = keep & (p >= 0.1) & (p < 0.5)
-    torch.testing.assert_close(m["band/clip_frac_p0.1-0.5"], (up | low)[in_bin].sum() / in_bin.sum())
+    torch.testing.assert_close(m["band/tokens_p0.1-0.5"], in_bin.sum() / n)
+    torch.testing.assert_close(m["band/clipped_p0.1-0.5"], ((up | low) & in_bin).sum() / n)
+    assert sum(m[f"band/tokens_{b}"] for b in bins).item() == pytest.approx(1.0)
+
+
+def test_metrics_reduce_exactly_under_token_weighted_averaging():
+    # OpenRLHF averages 0-d metrics over micro-batches weighted by their token counts: the result
+    # must equal the metric over the concatenated batch
+    a, b = make_batch(seed=5, batch=3), make_batch(seed=6, batch=5)
+    loss_fn = BandPolicyLoss(backend="torch", divergence="kl")
+    parts = []
+    for log_probs, old, _, adv, mask in (a, b):
+        loss_fn(log_probs, old, adv, action_mask=mask)
+        parts.append((loss_fn.band_metrics, mask.sum()))
+    whole = [torch.cat([x[i].detach() for x in (a, b)]) for i in range(5)]
+    loss_fn(whole[0], whole[1], whole[3], action_mask=whole[4])
+    for key, value in loss_fn.band_metrics.items():
+        reduced = sum(m[key] * w for m, w in parts) / sum(w for _, w in parts)
+        torch.testing.assert_close(reduced, value, msg=key)
 
 
 def test_rejects_bad_options():

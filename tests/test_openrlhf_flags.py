@@ -27,7 +27,9 @@ def test_short_and_dotted_spellings_resolve_identically():
     short = config("--loss", "band", "--band_divergence", "chi2", "--band_delta", "0.1")
     dotted = config("--actor.policy_loss_type", "band", "--actor.band.divergence", "chi2", "--actor.band.delta", "0.1")
     assert short == dotted
-    assert short["band"] == {"divergence": "chi2", "delta": 0.1, "upper_cap": 10.0, "relax": None, "backend": "auto"}
+    assert short["band"] == {
+        "rule": "trust_region", "divergence": "chi2", "delta": 0.1, "upper_cap": 10.0, "relax": None, "backend": "auto",
+    }  # fmt: skip
 
 
 def test_band_defaults_are_the_authors_runs():

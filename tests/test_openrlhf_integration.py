@@ -72,10 +72,7 @@ BAND_METRIC_KEYS = {
     "band/lower_mean",
     "band/upper_mean",
     "band/width_mean",
-    "band/clip_frac_p<0.01",
-    "band/clip_frac_p0.01-0.1",
-    "band/clip_frac_p0.1-0.5",
-    "band/clip_frac_p>=0.5",
+    *(f"band/{kind}_{b}" for kind in ("tokens", "clipped") for b in ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")),
 }
 
 VOCAB, PROMPT_LEN, RESPONSE_LEN, BATCH = 128, 4, 8, 4
@@ -355,7 +352,7 @@ def test_band_loss_trains_through_the_patched_trainer(gloo_world):
     # both sides of the band clip (make_experience puts a token beyond each), and it clips fewer of
     # these rare tokens than the fixed clip [0.8, 1.2] does on the same inputs
     assert metrics["band/clip_frac_upper"] > 0 and metrics["band/clip_frac_lower"] > 0
-    assert metrics["band/clip_frac_p<0.01"] > 0 and metrics["band/clip_frac_p0.1-0.5"] > 0
+    assert metrics["band/clipped_p<0.01"] > 0 and metrics["band/clipped_p0.1-0.5"] > 0
     fixed_clip_ratio = PolicyLoss(0.2, 0.2)(
         log_probs, experience.action_log_probs, experience.advantages, action_mask=experience.action_mask
     )[1]

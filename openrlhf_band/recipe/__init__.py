@@ -1,0 +1,1 @@
+"""The paper recipe: run scripts and results for reproducing BandPO with OpenRLHF."""
