@@ -58,7 +58,7 @@ def _module_command(module: str):
 def build_parser() -> argparse.ArgumentParser:
     from openrlhf_band.divergences import DIVERGENCES
 
-    parser = argparse.ArgumentParser(prog="openrlhf-band", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="openrlhf-band", description="BandPO for OpenRLHF 0.11.2")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("bounds", help="print the band next to fixed clips for some old probabilities")

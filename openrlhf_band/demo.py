@@ -216,6 +216,73 @@ def train_method(method: str, seed: int, warm_state: dict, cfg: DemoConfig, eval
     return rows
 
 
+def mechanism_check(
+    cfg: DemoConfig, warm_state: dict | None = None, seed: int = 0, updates: int = 600, lr: float = 1e-4
+) -> dict[str, float]:
+    """One update (many optimizer steps on one rollout) from the warm-up checkpoint: how far the
+    rarer correct answer, sampled with advantage +1, may rise under clip 0.2 and under the kl band.
+
+    Once a token's ratio passes its upper bound its gradient is zero, so the rise saturates near
+    the bound: about 1.2 under clip and about r_up(p) under the band. Plain SGD in small steps
+    (lr 1e-4: one step of lr 0.05 already multiplies p by 15, clip or not, as the bound only acts
+    on the next step),
+    because Adam keeps moving on its momentum after the gradient has vanished and would blur the
+    bound. Returns geometric means over the tokens of p_old, each method's ratio pi_new / pi_old,
+    and each method's upper bound.
+    """
+    from openrlhf.models.loss import PolicyLoss
+
+    from openrlhf_band.bounds import band_bounds
+    from openrlhf_band.openrlhf_glue import BandPolicyLoss
+
+    warm = build_actor(cfg, seed)
+    if warm_state is None:
+        warm_up(warm, cfg, seed)
+    else:
+        warm.model.load_state_dict(warm_state)
+    state = copy.deepcopy(warm.model.state_dict())
+    # a single token: with several, the ones still below their bound keep moving the shared weights
+    # and drag the clipped ones along (a real effect of clipping, but not the one measured here)
+    prompts = sample_prompts(1, cfg, torch.Generator().manual_seed(40_000 + seed))
+    sequences = torch.cat([prompts, correct_answers(prompts, cfg)[:, -1:]], dim=1)
+    attention_mask, action_mask = torch.ones_like(sequences), torch.ones(len(prompts), 1)
+    advantages = torch.ones(len(prompts), 1)
+    with torch.no_grad():
+        warm.eval()
+        old = warm(sequences, action_mask, attention_mask=attention_mask)
+    result = {"p_old": old.mean().exp().item()}
+    losses = {
+        "clip": PolicyLoss(0.2, 0.2),
+        "band-kl": BandPolicyLoss(divergence="kl", delta=cfg.delta, upper_cap=cfg.upper_cap, backend="torch"),
+    }
+    for name, loss_fn in losses.items():
+        actor = build_actor(cfg, seed)
+        actor.model.load_state_dict(state)
+        actor.train()
+        optim = torch.optim.SGD(actor.model.parameters(), lr=lr)
+        for _ in range(updates):
+            loss = loss_fn(actor(sequences, action_mask, attention_mask=attention_mask), old, advantages,
+                           action_mask=action_mask)[0]  # fmt: skip
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+        with torch.no_grad():
+            actor.eval()
+            new = actor(sequences, action_mask, attention_mask=attention_mask)
+        result[f"ratio_{name}"] = (new - old).mean().exp().item()
+    result["bound_clip"] = 1.2
+    result["bound_band-kl"] = band_bounds(old, "kl", cfg.delta, upper_cap=cfg.upper_cap)[1].log().mean().exp().item()
+    return result
+
+
+def format_mechanism(m: dict[str, float]) -> str:
+    return (
+        f"one update from the warm-up checkpoint, rare correct answer (p = {m['p_old']:.3f}), advantage +1: "
+        f"rises x{m['ratio_clip']:.2f} under clip 0.2 (bound 1.2), x{m['ratio_band-kl']:.2f} under the kl band "
+        f"(bound {m['bound_band-kl']:.2f})"
+    )
+
+
 def summarize(rows: list[dict], cfg: DemoConfig) -> list[dict]:
     summary = []
     for method in cfg.methods:
@@ -295,11 +362,12 @@ def run(cfg: DemoConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    rows, starts = [], []
+    rows, starts, first_warm_state = [], [], None
     for seed in range(cfg.seeds):
         warm = build_actor(cfg, seed)
         warm_up(warm, cfg, seed)
         warm_state = copy.deepcopy(warm.model.state_dict())
+        first_warm_state = first_warm_state or warm_state
         eval_prompts = sample_prompts(512, cfg, torch.Generator().manual_seed(30_000 + seed))
         starts.append(evaluate(warm, eval_prompts, cfg))
         for method in cfg.methods:
@@ -307,16 +375,17 @@ def run(cfg: DemoConfig) -> dict:
                 rows += train_method(method, seed, warm_state, cfg, eval_prompts, bar)
     start = {k: statistics.fmean(s[k] for s in starts) for k in starts[0]}
     summary = summarize(rows, cfg)
+    mechanism = mechanism_check(cfg, first_warm_state)
     with (out / "metrics.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, cfg, out / "curves.png")
-    text = format_summary(summary, cfg, start)
+    text = format_summary(summary, cfg, start) + "\n" + format_mechanism(mechanism)
     (out / "summary.txt").write_text(text + "\n")
     print(text)
     print(f"wrote {out / 'metrics.csv'}, {out / 'curves.png'}, {out / 'summary.txt'} in {time.time() - started:.0f} s")
-    return {"rows": rows, "summary": summary, "start": start}
+    return {"rows": rows, "summary": summary, "start": start, "mechanism": mechanism}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

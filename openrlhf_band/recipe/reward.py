@@ -59,6 +59,7 @@ import logging
 import os
 import queue
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -349,8 +350,6 @@ class _Worker:
         self._seq = 0
 
     def _readline(self, deadline: float) -> bytes | None:
-        import select
-
         poller = select.poll()  # not select.select: Ray processes can have fds above FD_SETSIZE
         poller.register(self._out_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         while True:
@@ -574,8 +573,11 @@ def _equivalent(answer: Any, label: Any, timeout: float) -> tuple[bool, bool]:
     try:
         if answer is None or label is None:
             return False, False
-        answer, label = _clean(str(answer)), _clean(str(label)[: MAX_LABEL_CHARS + 1])
-        if not answer or not label or len(answer) > MAX_ANSWER_CHARS or len(label) > MAX_LABEL_CHARS:
+        answer, label = str(answer), str(label)
+        if len(answer) > 64 * MAX_ANSWER_CHARS or len(label) > MAX_LABEL_CHARS:
+            return False, False
+        answer, label = _clean(answer), _clean(label)
+        if not answer or not label or len(answer) > MAX_ANSWER_CHARS:
             return False, False
         if answer == label:
             return True, False
