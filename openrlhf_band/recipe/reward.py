@@ -67,6 +67,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from openrlhf_band.recipe.text import last_boxed
+
 __all__ = ["extract_answer", "is_equivalent", "make_label", "reward_func", "warmup"]
 
 SEARCH_WINDOW = 2000  # only the response's last characters are searched for the answer
@@ -91,40 +93,10 @@ _INT_RE = re.compile(r"[+-]?\d{1,200}")
 # ----------------------------------------------------------------------------- answer extraction
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` in `text` (balanced braces), or None."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
-    while i < len(text) and text[i] in " \t":
-        i += 1
-    if i >= len(text):
-        return None
-    if text[i] != "{":  # `\boxed 5`
-        token = re.match(r"[^\s$]+", text[i : i + MAX_ANSWER_CHARS + 1])
-        return token.group(0) if token else None
-    depth = 0
-    j = i
-    while j < len(text):
-        ch = text[j]
-        if ch == "\\":
-            j += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-        j += 1
-    return None
-
-
 def _clean(answer: str) -> str:
     """Strip the wrapping a model (or a dataset) puts around an answer: $, **, \\( \\), \\boxed{}, a final period."""
     if "\\boxed" in answer or "\\fbox" in answer:
-        boxed = _last_boxed(answer)
+        boxed = last_boxed(answer)
         if boxed is not None:
             answer = boxed
     answer = _UNESCAPED_DOLLAR_RE.sub("", answer)
@@ -156,7 +128,7 @@ def extract_answer(text: Any) -> str | None:
         if matches:
             answer = _clean(matches[-1])
         if not answer:
-            boxed = _last_boxed(window)
+            boxed = last_boxed(window)
             answer = _clean(boxed) if boxed is not None else None
         if not answer or len(answer) > MAX_ANSWER_CHARS:
             return None
