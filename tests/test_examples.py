@@ -26,7 +26,7 @@ EXPECTED = {
 
 def dry_run(script: str, tmp_path: Path) -> dict:
     env = {
-        **os.environ,
+        **BASE_ENV,
         "DRY_RUN": "1",
         "MODEL": "/models/some-model",
         "DATA_DIR": str(tmp_path),
