@@ -147,6 +147,8 @@ def resolved_loss_config(args) -> dict:
             "rule": args.actor.band.rule,
             "relax": list(kwargs["relax"]) if kwargs["relax"] else None,
         }
+        if args.actor.band.rule == "dcpo":  # DCPO ignores divergence / delta; its eps are the clip eps
+            config["band"]["dcpo_eps"] = list(args.actor.eps_clip_low_high)
     return config
 
 

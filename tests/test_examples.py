@@ -20,7 +20,7 @@ EXPECTED = {
     "bandpo_chi2.sh": ("band", {"rule": "trust_region", "divergence": "chi2", "delta": 0.05, "upper_cap": 10.0}),
     "grpo_clip.sh": ("ppo", None),
     "clip_higher.sh": ("ppo", None),
-    "dcpo.sh": ("band", {"rule": "dcpo", "upper_cap": 10.0}),
+    "dcpo.sh": ("band", {"rule": "dcpo", "upper_cap": 10.0, "dcpo_eps": [0.16, 0.2]}),
 }
 
 
