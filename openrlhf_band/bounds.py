@@ -6,13 +6,14 @@ cancel, e.g. 1 - sqrt(...) near the lower saturation edge) and runs as a fixed s
 vectorised tensor ops: no `.item()`, no data-dependent loop exit, no host synchronisation.
 
 Numeric roots (divergences without a closed form) are found in the variable l = log q, where
-q = r p is the new probability of the token; g is convex in l on each branch, so Newton steps
-from either side converge. Two strategies:
+q = r p is the new probability of the token, by Newton steps kept inside a bracket that they
+tighten as they go (rtsafe: a step that would leave the bracket becomes a bisection step). Two
+strategies:
 
-* tabulated (kl): both roots are smooth, bounded functions of u = logit(p) once written as
-  A(u) = log q_up and B(u) = p log(1 / r_low). Per (divergence, delta, device) we solve them once
-  on a fine grid of u to float64 precision and store a cubic Hermite interpolant; a float32 input
-  then costs one table lookup and a cubic (no iterations), and a float64 input adds two Newton
+* tabulated (kl): both roots are smooth, bounded functions of w = log(-log p) once written as
+  A(w) = log q_up and B(w) = p log(1 / r_low). Per (divergence, delta, device) we solve them once
+  on a fine grid of w to float64 precision and store a cubic Hermite interpolant; a float32 input
+  then costs one table lookup and a cubic (no iterations), and a float64 input adds three Newton
   polishing steps.
 * bracketed (reverse_kl, which saturates, so its roots are not smooth at the edges): a fixed
   number of bisection steps on a guaranteed bracket followed by safeguarded Newton steps.
