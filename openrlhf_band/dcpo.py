@@ -16,16 +16,21 @@ from torch import Tensor
 DCPO_DEFAULT_EPS = (0.16, 0.20)
 
 
-@torch.no_grad()
-def dcpo_bounds(
-    old_log_probs: Tensor, eps_low: float = 0.16, eps_high: float = 0.20, upper_cap: float | None = 10.0
-) -> tuple[Tensor, Tensor]:
-    """(lower, upper) DCPO ratio bounds, float32, same shape as `old_log_probs` (log pi_old)."""
+def validate_dcpo(eps_low: float, eps_high: float, upper_cap: float | None) -> None:
+    """ValueError unless both eps are positive and finite and the cap (if any) is >= 1."""
     for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
             raise ValueError(f"DCPO {name} must be a positive finite number, got {eps!r}")
     if upper_cap is not None and not upper_cap >= 1.0:
         raise ValueError(f"upper_cap must be >= 1, got {upper_cap!r}")
+
+
+@torch.no_grad()
+def dcpo_bounds(
+    old_log_probs: Tensor, eps_low: float = 0.16, eps_high: float = 0.20, upper_cap: float | None = 10.0
+) -> tuple[Tensor, Tensor]:
+    """(lower, upper) DCPO ratio bounds, float32, same shape as `old_log_probs` (log pi_old)."""
+    validate_dcpo(eps_low, eps_high, upper_cap)
     inv_q = torch.exp(-old_log_probs.detach().to(torch.float64).clamp(max=0.0))
     lower = 0.5 + 0.5 * torch.sqrt(torch.clamp(1.0 - 4.0 * eps_low * inv_q, min=0.0))
     upper = 0.5 + 0.5 * torch.sqrt(1.0 + 4.0 * eps_high * inv_q)

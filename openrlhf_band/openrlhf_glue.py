@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from openrlhf_band.bounds import _validate
-from openrlhf_band.dcpo import dcpo_bounds
+from openrlhf_band.dcpo import dcpo_bounds, validate_dcpo
 from openrlhf_band.divergences import DIVERGENCES
 from openrlhf_band.functional import BACKENDS, band_token_loss
 
@@ -98,7 +98,7 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         _validate(band.divergence, band.delta, band.upper_cap, band.relax)
         if band.rule == "dcpo":  # eps come from --actor.eps_clip_low_high (OpenRLHF fills it later)
             eps = args.actor.eps_clip_low_high or (args.actor.eps_clip, args.actor.eps_clip)
-            dcpo_bounds(torch.zeros(1), *eps, upper_cap=band.upper_cap)
+            validate_dcpo(*eps, upper_cap=band.upper_cap)
     except ValueError as err:
         parser.error(f"--actor.band: {err}")
     if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:

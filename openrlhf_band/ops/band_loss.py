@@ -26,6 +26,7 @@ advantages are read with a zero column stride.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -40,7 +41,7 @@ from openrlhf_band.bounds import (
     _validate,
     band_bounds,
 )
-from openrlhf_band.divergences import hellinger_angle
+from openrlhf_band.divergences import get_divergence, hellinger_angle
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
 
 # how the kernel gets the band: string options map to integer constexprs
@@ -263,7 +264,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     if given_bounds is not None:
         kind = BOUNDS_PRECOMPUTED
         lo_pre, hi_pre = given_bounds
-    elif kind is None and _validate(divergence, delta, upper_cap, relax)[0].tabulate:
+    elif kind is None and get_divergence(divergence).tabulate:
         kind = BOUNDS_TABLE
         table = _float32_table(divergence, delta, device)
         cells = table.shape[1]
@@ -302,14 +303,10 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     return loss.reshape(shape), coef, flags.reshape(shape), *bounds
 
 
-_FLOAT32_TABLES: dict[tuple[str, float, str], Tensor] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _float32_table(divergence: str, delta: float, device: torch.device) -> Tensor:
-    key = (divergence, delta, str(device))
-    if key not in _FLOAT32_TABLES:
-        _FLOAT32_TABLES[key] = _root_table(divergence, delta, torch.device("cpu")).float().to(device).contiguous()
-    return _FLOAT32_TABLES[key]
+    """The float64 band table (built once on the CPU) as float32 on `device`, for the kernel."""
+    return _root_table(divergence, delta, torch.device("cpu")).float().to(device).contiguous()
 
 
 def band_token_loss_triton(
