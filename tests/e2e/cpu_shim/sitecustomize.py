@@ -1,0 +1,211 @@
+"""Test-only CPU shim: lets OpenRLHF 0.11.2's real `train_ppo_ray` run on a machine without CUDA.
+
+Loaded by Python at start-up (`sitecustomize`) in every process of an end-to-end run, because
+`tests/e2e/train.sh` puts this folder on PYTHONPATH before it starts Ray: the driver, the Ray actors
+(DeepSpeed actor and reference, the vLLM rollout actor) and vLLM's engine-core process. It patches
+OpenRLHF modules in memory right after they are imported; no file on disk changes, and nothing of it
+is in `openrlhf_band`. Each patch is one entry of PATCHES with the reason it exists; each is shown to
+be needed by tests/e2e/test_cpu_shim.py (the unpatched call fails on this machine).
+
+Also here, and named as what it is, a probe (not a patch): after every DeepSpeed -> vLLM weight sync
+it appends digests of the trainer's and the engine's weights to $E2E_SYNC_LOG, and with
+E2E_SYNC_NEGATIVE_CONTROL=1 the engine receives the weights but does not load them, so the test that
+reads the log can be shown to fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import types
+from importlib.abc import MetaPathFinder
+
+
+def _torch_with_cuda_on_cpu():
+    """A torch for OpenRLHF's modules whose CUDA device is the CPU; everything else is the real torch.
+    Registered in sys.modules under its own name in every shimmed process, so that the methods Ray
+    pickles by value (its @ray.remote actor classes) find it again on the other side."""
+    if _TORCH_ON_CPU in sys.modules:
+        return sys.modules[_TORCH_ON_CPU]
+
+    def real(name):
+        import torch
+
+        return getattr(torch, name)
+
+    proxy = types.ModuleType(_TORCH_ON_CPU)
+    proxy.__getattr__ = real  # module-level __getattr__ (PEP 562): all but the two names below
+    proxy.cuda = types.SimpleNamespace(
+        current_device=lambda: "cpu",  # callers pass it to .to() / device=
+        set_device=lambda device: None,
+        synchronize=lambda *args: None,
+        current_stream=lambda *args: None,  # only handed to the (gloo) sync group, which ignores it
+        empty_cache=lambda: None,
+        is_available=lambda: False,
+    )
+    proxy.device = lambda spec, *args: real("device")("cpu" if str(spec).startswith("cuda") else spec, *args)
+    sys.modules[_TORCH_ON_CPU] = proxy
+    return proxy
+
+
+_TORCH_ON_CPU = "e2e_cpu_shim_torch"
+
+
+def _cuda_on_cpu(module) -> None:
+    """OpenRLHF calls torch.cuda.current_device / set_device / synchronize / current_stream and builds
+    `torch.device("cuda:N")` on its training path; on a CPU torch these raise. The module's `torch` is
+    replaced by one whose CUDA device is the CPU."""
+    module.torch = _torch_with_cuda_on_cpu()
+
+
+def _device_mesh_on_cpu(module) -> None:
+    """`DeepspeedStrategy.setup_distributed` builds `init_device_mesh("cuda", ...)`, whose DeviceMesh
+    calls torch.cuda.set_device (absent from a CPU torch): the same mesh over the CPU (gloo)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    module.init_device_mesh = lambda device_type, *args, **kwargs: init_device_mesh("cpu", *args, **kwargs)
+
+
+def _barrier_without_cuda_sync(module) -> None:
+    """`torch_dist_barrier_and_cuda_sync` ends with torch.cuda.synchronize(), which raises on a CPU
+    torch (it imports torch inside the function, so _cuda_on_cpu cannot reach it): keep the barrier."""
+    import torch
+
+    module.torch_dist_barrier_and_cuda_sync = lambda: torch.distributed.barrier()
+
+
+class _GlooBroadcastGroup:
+    """What OpenRLHF uses of vLLM's PyNcclCommunicator: `.broadcast(tensor, src, stream)`, over gloo."""
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=float(os.environ.get("E2E_SYNC_TIMEOUT_S", "300")))
+        store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
+        self._group = dist.ProcessGroupGloo(dist.PrefixStore("openrlhf-weight-sync", store), rank, world_size, timeout)
+
+    def broadcast(self, tensor, src: int, stream=None) -> None:
+        import torch.distributed as dist
+
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        self._group.broadcast([tensor], options).wait()
+
+
+def _gloo_weight_sync_group(module) -> None:
+    """`stateless_init_process_group` always builds vLLM's PyNcclCommunicator, whatever
+    --vllm.sync_backend says. Without NCCL it disables itself and its broadcast returns without sending:
+    vLLM would silently keep uninitialised memory. A gloo group with the same interface carries them."""
+    module.stateless_init_process_group = (
+        lambda master_address, master_port, rank, world_size, device: _GlooBroadcastGroup(
+            master_address, master_port, rank, world_size
+        )
+    )
+
+
+def _digests(named_tensors) -> dict[str, str]:
+    out = {}
+    for name, tensor in named_tensors:
+        if tensor.numel() == 0:  # vLLM's CPU backend keeps repacked linear weights elsewhere
+            continue
+        data = tensor.detach().cpu().contiguous().view(-1).view(__import__("torch").uint8)
+        out[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
+    return out
+
+
+def _log_sync(record: dict) -> None:
+    path = os.environ.get("E2E_SYNC_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _cpu_weight_reload(module) -> None:
+    """`WorkerWrap.update_weight` receives into `device="cuda"` and loads each parameter through its
+    `weight_loader`; vLLM's CPU backend repacks linear weights after loading (oneDNN) and drops that
+    loader. Receive on the CPU, collect the sync, and reload it through vLLM's own
+    `model_runner.reload_weights` when OpenRLHF marks the last parameter (`empty_cache=True`)."""
+    import torch
+
+    def update_weight(self, name, dtype, shape, empty_cache=False):
+        assert dtype == self.model_config.dtype, f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}"
+        weight = torch.empty(shape, dtype=dtype, device="cpu")
+        self._model_update_group.broadcast(weight, src=0)
+        pending = self.__dict__.setdefault("_e2e_received", [])
+        pending.append((name, weight))
+        if not empty_cache:
+            return
+        self._e2e_received, self._e2e_syncs = [], getattr(self, "_e2e_syncs", 0) + 1
+        loaded = os.environ.get("E2E_SYNC_NEGATIVE_CONTROL") != "1"
+        if loaded:
+            self.model_runner.reload_weights(weights_iterator=iter(pending), is_checkpoint_format=True)
+        _log_sync({  # probe: what arrived, and what the engine holds after the (re)load
+            "side": "engine", "sync": self._e2e_syncs, "loaded": loaded, "received": _digests(pending),
+            "engine": _digests(self.model_runner.get_model().named_parameters()),
+        })  # fmt: skip
+
+    module.WorkerWrap.update_weight = update_weight
+
+
+def _record_trainer_weights(module) -> None:
+    """Probe, not a patch: after each `broadcast_to_vllm`, rank 0 logs digests of the weights it sent."""
+    original = module.ActorPPOTrainer.broadcast_to_vllm
+
+    def broadcast_to_vllm(self):
+        original(self)
+        import deepspeed
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0 or not os.environ.get("E2E_SYNC_LOG"):
+            return
+        self._e2e_syncs = getattr(self, "_e2e_syncs", 0) + 1
+        params = list(self.actor.model.module.named_parameters())
+        with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=self.args.ds.zero_stage == 3):
+            _log_sync({"side": "trainer", "sync": self._e2e_syncs, "trainer": _digests(params)})
+
+    module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+
+
+# module -> [(patch name, function)]; the reasons are the functions' docstrings
+PATCHES = {
+    "openrlhf.trainer.ray.ppo_actor": [("cuda_on_cpu", _cuda_on_cpu), ("sync_probe", _record_trainer_weights)],
+    "openrlhf.trainer.ray.launcher": [("cuda_on_cpu", _cuda_on_cpu)],
+    "openrlhf.trainer.ppo_utils.replay_buffer": [("cuda_on_cpu", _cuda_on_cpu)],
+    "openrlhf.utils.deepspeed.deepspeed": [("cuda_on_cpu", _cuda_on_cpu), ("device_mesh_on_cpu", _device_mesh_on_cpu)],
+    "openrlhf.utils.distributed_util": [
+        ("barrier_without_cuda_sync", _barrier_without_cuda_sync),
+        ("gloo_weight_sync", _gloo_weight_sync_group),
+    ],
+    "openrlhf.trainer.ray.vllm_worker_wrap": [("cpu_weight_reload", _cpu_weight_reload)],
+}
+SKIPPED = set(filter(None, os.environ.get("E2E_SHIM_SKIP", "").split(",")))  # to show a patch is needed
+
+
+class _PatchAfterImport(MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in PATCHES:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and (spec := finder.find_spec(fullname, path, target)) is not None:
+                break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            for name, apply in PATCHES[fullname]:
+                if name not in SKIPPED:
+                    apply(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+if os.environ.get("E2E_CPU_SHIM") == "1":
+    _torch_with_cuda_on_cpu()
+    sys.meta_path.insert(0, _PatchAfterImport())

@@ -1,0 +1,54 @@
+"""Each patch of the test-only CPU shim (tests/e2e/cpu_shim) is needed: without it the OpenRLHF call
+fails on this machine (or, for the weight sync, silently sends nothing), and with it the call works."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+E2E = Path(__file__).resolve().parent
+PYTHON = E2E.parents[1] / ".venv-e2e" / "bin" / "python"
+
+
+def load_shim():
+    spec = importlib.util.spec_from_file_location("e2e_cpu_shim_names", E2E / "cpu_shim" / "sitecustomize.py")
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    return shim
+
+
+PATCH_NAMES = sorted({name for patches in load_shim().PATCHES.values() for name, _ in patches} - {"sync_probe"})
+
+
+@pytest.fixture(scope="module")
+def findings() -> dict:
+    if not PYTHON.exists():
+        subprocess.run(["make", "-s", "-C", str(E2E.parents[1]), "e2e-venv"], check=True)
+    proc = subprocess.run(
+        [str(PYTHON), str(E2E / "shim_probes.py")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("patch", PATCH_NAMES)
+def test_the_patch_is_needed_and_works(findings, patch):
+    assert patch in findings, f"no probe shows that {patch} is needed (tests/e2e/shim_probes.py)"
+    found = findings[patch]
+    assert found["unpatched_error"], found  # the unpatched call fails here
+    assert "Error" not in found["patched"], found
+
+
+def test_without_the_gloo_group_the_weights_silently_do_not_move(findings):
+    found = findings["gloo_weight_sync"]
+    assert found["unpatched_error"].startswith("no error, but rank 1 received [0.0, 0.0, 0.0, 0.0]"), found
+    assert found["received"] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_every_module_given_the_cpu_torch_calls_torch_cuda(findings):
+    calls = findings["cuda_on_cpu"]["torch.cuda calls per module"]
+    assert calls and all(n > 0 for n in calls.values()), calls

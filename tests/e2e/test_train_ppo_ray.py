@@ -1,0 +1,283 @@
+"""The real train_ppo_ray end to end: vLLM (CPU build) rollouts, Ray placement, DeepSpeed (gloo)
+training, weights back to vLLM after every step, through tests/e2e/train.sh.
+
+Each run costs about a minute, so runs are shared between the tests that read them (session-scoped
+fixtures) and combine what they can: the chi2 run also carries the clipping and weight-sync checks,
+the kl run dual-clip and the vLLM IS correction, the DCPO pair the checkpoint resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from openrlhf_band.recipe.results import load_scalars
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_SH = ROOT / "tests" / "e2e" / "train.sh"
+STEPS = 3  # 12 prompts at --rollout.batch_size 4, one episode (tests/e2e/assets.py)
+UPPER_CAP = 10.0  # the band's default cap (--actor.band.upper_cap)
+
+
+@dataclass
+class Run:
+    out: Path
+    status: int
+    stderr: str
+    seconds: float
+
+    @property
+    def log(self) -> str:
+        return (self.out / "train.log").read_text(errors="replace")
+
+    def scalars(self) -> dict[str, dict[int, float]]:
+        return load_scalars(self.out / "tensorboard")
+
+    def syncs(self) -> list[dict]:
+        return [json.loads(line) for line in (self.out / "sync.jsonl").read_text().splitlines()]
+
+    def explain(self) -> str:
+        tail = "\n".join(self.log.splitlines()[-40:]) if (self.out / "train.log").exists() else ""
+        return f"train.sh exit {self.status} after {self.seconds:.0f} s\n{self.stderr}\n--- train.log tail ---\n{tail}"
+
+
+def train(out: Path, *args: str, env: dict | None = None) -> Run:
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["bash", str(TRAIN_SH), str(out), *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=int(os.environ.get("E2E_TIMEOUT_S", "900")) + 600,  # + environment set-up on a cold run
+    )
+    return Run(out, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
+
+
+def trained(out: Path, *args: str, env: dict | None = None) -> Run:
+    run = train(out, *args, env=env)
+    assert run.status == 0, run.explain()
+    return run
+
+
+def resolved_band(run: Run) -> str:
+    """The band namespace train_ppo_ray printed after parsing (what its trainer was built from)."""
+    match = re.search(r"band=namespace\(([^)]*)\)", run.log)
+    assert match, "train_ppo_ray did not print its arguments"
+    return match.group(1)
+
+
+def band_series(run: Run) -> dict[str, dict[int, float]]:
+    return {tag: s for tag, s in run.scalars().items() if tag.startswith("train/band/")}
+
+
+# --- the runs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def e2e_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def chi2_run(e2e_root) -> Run:
+    return trained(e2e_root / "chi2", "--loss", "band", "--band_divergence", "chi2")
+
+
+@pytest.fixture(scope="session")
+def kl_run(e2e_root) -> Run:
+    return trained(
+        e2e_root / "kl", "--loss", "band", "--actor.dual_clip", "10",
+        "--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "mask",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def ppo_run(e2e_root) -> Run:
+    return trained(e2e_root / "ppo", "--actor.eps_clip_low_high", "0.2", "0.2")
+
+
+DCPO_ARGS = ("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_low_high", "0.16", "0.2")
+
+
+@pytest.fixture(scope="session")
+def dcpo_saved(e2e_root) -> Run:
+    """One step (4 prompts), checkpoint saved at step 1."""
+    return trained(e2e_root / "dcpo-save", *DCPO_ARGS, "--data.max_samples", "4", "--ckpt.save_steps", "1")
+
+
+@pytest.fixture(scope="session")
+def dcpo_resumed(e2e_root, dcpo_saved) -> Run:
+    """The same run resumed from its step-1 checkpoint with a second episode: one more step."""
+    return trained(
+        e2e_root / "dcpo-resume", *DCPO_ARGS, "--data.max_samples", "4", "--train.num_episodes", "2",
+        "--ckpt.path", str(dcpo_saved.out / "ckpt"), "--ckpt.load_enable",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def unsynced_run(e2e_root) -> Run:
+    """Negative control: vLLM receives every weight but does not load it."""
+    return trained(
+        e2e_root / "unsynced", "--loss", "band", "--band_divergence", "chi2", "--data.max_samples", "8",
+        env={"E2E_SYNC_NEGATIVE_CONTROL": "1"},
+    )  # fmt: skip
+
+
+# --- the checks ---------------------------------------------------------------------------------
+
+
+def check_band_metrics(run: Run, steps: list[int], upper_cap: float = UPPER_CAP) -> dict[str, dict[int, float]]:
+    band = band_series(run)
+    expected = {"clip_frac_upper", "clip_frac_lower", "lower_mean", "upper_mean", "width_mean"}
+    assert expected <= {tag.removeprefix("train/band/") for tag in band}, sorted(band)
+    for tag, series in band.items():
+        assert sorted(series) == steps, (tag, series)
+        assert all(math.isfinite(v) for v in series.values()), (tag, series)
+    for step in steps:
+        lower, upper = band["train/band/lower_mean"][step], band["train/band/upper_mean"][step]
+        assert 0.0 <= lower < 1.0 < upper <= upper_cap, (step, lower, upper)
+        assert band["train/band/width_mean"][step] == pytest.approx(upper - lower, rel=1e-5)
+        for side in ("upper", "lower"):
+            assert 0.0 <= band[f"train/band/clip_frac_{side}"][step] <= 1.0
+        bins = [s[step] for tag, s in band.items() if tag.startswith("train/band/tokens_")]
+        assert len(bins) == 4 and sum(bins) == pytest.approx(1.0, abs=1e-5)  # the bins partition the tokens
+    return band
+
+
+def test_band_chi2_with_the_users_spelling_trains(chi2_run):
+    assert "divergence='chi2'" in resolved_band(chi2_run) and "rule='trust_region'" in resolved_band(chi2_run)
+    check_band_metrics(chi2_run, list(range(1, STEPS + 1)))
+
+
+def test_the_band_clips_for_real_and_ppo_clip_ratio_is_its_two_sides(chi2_run):
+    scalars = chi2_run.scalars()
+    upper, lower = scalars["train/band/clip_frac_upper"], scalars["train/band/clip_frac_lower"]
+    assert max(upper[s] + lower[s] for s in upper) > 0.0, (upper, lower)  # peaked model: the band binds
+    for step, ratio in scalars["train/ppo_clip_ratio"].items():
+        assert ratio == pytest.approx(upper[step] + lower[step], rel=1e-6, abs=1e-9), step
+
+
+def test_band_kl_default_with_dual_clip_and_vllm_is_correction(kl_run):
+    band = resolved_band(kl_run)
+    assert "divergence='kl'" in band and "delta=0.05" in band and "upper_cap=10.0" in band
+    assert "dual_clip=10.0" in kl_run.log and "is_correction_level='token'" in kl_run.log
+    check_band_metrics(kl_run, list(range(1, STEPS + 1)))
+    scalars = kl_run.scalars()
+    # vLLM's rollout log-probs against the actor's: the weights vLLM sampled with are the actor's
+    # (bf16 rounding apart), at every step, including those after a sync
+    vllm_kl = scalars["train/vllm_kl"]
+    assert sorted(vllm_kl) == list(range(1, STEPS + 1)) and all(abs(v) < 0.02 for v in vllm_kl.values()), vllm_kl
+    assert all(0.0 <= v <= 1.0 for v in scalars["train/is_filter_ratio"].values())
+
+
+def test_ppo_clip_trains_without_band_metrics(ppo_run):
+    scalars = ppo_run.scalars()
+    assert not [tag for tag in scalars if "band/" in tag]
+    assert sorted(scalars["train/ppo_clip_ratio"]) == list(range(1, STEPS + 1))
+    assert "policy_loss_type='ppo'" in ppo_run.log
+
+
+def sync_problems(run: Run) -> list[str]:
+    """Why the weights vLLM holds after each sync are not the trainer's ([] when they are)."""
+    records = run.syncs()
+    trainer = {r["sync"]: r["trainer"] for r in records if r["side"] == "trainer"}
+    engine = {r["sync"]: r for r in records if r["side"] == "engine"}
+    problems = []
+    if not trainer or sorted(trainer) != sorted(engine):
+        return [f"syncs logged by the trainer {sorted(trainer)} and by vLLM {sorted(engine)} differ"]
+    for sync, sent in sorted(trainer.items()):
+        received, held = engine[sync]["received"], engine[sync]["engine"]
+        if received != sent:
+            problems.append(f"sync {sync}: vLLM received other tensors than the trainer sent")
+        # vLLM repacks its linear weights; the rest it holds under the trainer's names
+        shared = sorted(set(held) & set(sent))
+        if not {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} <= set(shared):
+            problems.append(f"sync {sync}: vLLM's readable weights {sorted(held)} lack the embedding, norm or head")
+        stale = [name for name in shared if held[name] != sent[name]]
+        if stale:
+            problems.append(f"sync {sync}: vLLM holds other values than the trainer for {stale}")
+    return problems
+
+
+def test_weights_reach_vllm_after_every_step(chi2_run):
+    syncs = [r for r in chi2_run.syncs() if r["side"] == "engine"]
+    assert len(syncs) == STEPS and all(r["loaded"] for r in syncs)
+    assert sync_problems(chi2_run) == []
+
+
+def test_the_sync_check_fails_when_vllm_does_not_load_the_weights(unsynced_run):
+    problems = sync_problems(unsynced_run)
+    assert len(problems) == 2 and all("holds other values" in p for p in problems), problems
+
+
+def test_checkpoint_resume_continues_the_step_counter_and_the_weights(dcpo_saved, dcpo_resumed):
+    assert (dcpo_saved.out / "ckpt" / "_actor" / "global_step1").is_dir()
+    for run in (dcpo_saved, dcpo_resumed):
+        assert "rule='dcpo'" in resolved_band(run)
+    assert sorted(dcpo_saved.scalars()["train/band/clip_frac_upper"]) == [1]
+    check_band_metrics(dcpo_resumed, [2])  # the resumed run logs step 2, not step 1 again
+    assert "Loading the checkpoint" in dcpo_resumed.log
+    # on resume OpenRLHF syncs the loaded weights to vLLM before its first rollout: they are the
+    # weights the first run had after its step 1
+    saved = [r["trainer"] for r in dcpo_saved.syncs() if r["side"] == "trainer"][-1]
+    loaded = [r["trainer"] for r in dcpo_resumed.syncs() if r["side"] == "trainer"][0]
+    assert loaded == saved
+    assert sync_problems(dcpo_resumed) == []
+
+
+def test_dcpo_bounds_through_the_real_engine(dcpo_saved):
+    band = check_band_metrics(dcpo_saved, [1])
+    # DCPO's bounds are wider than the fixed clip's for rare tokens, never narrower
+    assert band["train/band/lower_mean"][1] <= 1 - 0.16 + 1e-6 and band["train/band/upper_mean"][1] >= 1.2 - 1e-6
+
+
+def test_a_bad_flag_fails_fast_with_the_parsers_message(e2e_root, chi2_run):
+    run = train(e2e_root / "bad-flag", "--loss", "band", "--band_delta", "-1")
+    assert run.status == 2, run.explain()
+    assert "usage: train_ppo_ray" in run.stderr and "delta" in run.stderr
+    assert run.seconds < 120, run.seconds  # parse-time, not after an engine start
+
+
+def run_processes(marker: str) -> list[int]:
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                pids.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_an_interrupted_run_stops_the_cluster_and_every_process(e2e_root, chi2_run):
+    out = e2e_root / "interrupted"
+    proc = subprocess.Popen(
+        ["bash", str(TRAIN_SH), str(out), "--loss", "band"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "Generate samples" not in _read(out / "train.log"):
+        assert proc.poll() is None, proc.stdout.read().decode()
+        time.sleep(1)
+    assert "Generate samples" in _read(out / "train.log"), "the run never reached its first rollout"
+    assert run_processes("E2E_RUN_ID=e2e-"), "the run's processes carry no E2E_RUN_ID"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    assert "interrupted" in proc.stdout.read().decode()
+    assert run_processes("E2E_RUN_ID=e2e-") == []
+
+
+def test_no_process_of_any_run_is_left(chi2_run, kl_run, ppo_run, dcpo_resumed, unsynced_run):
+    assert run_processes("E2E_RUN_ID=e2e-") == []
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""

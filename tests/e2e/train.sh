@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The real OpenRLHF 0.11.2 train_ppo_ray, end to end on a CPU: vLLM's CPU build generates the
+# rollouts, Ray places the actor, the reference and the engine on a private local cluster (fake
+# GPUs), DeepSpeed trains over gloo, and the weights go back to vLLM after every step.
+#
+#   bash tests/e2e/train.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]      (later flags win over the base ones)
+#
+# Sets up what is missing (.venv-e2e via `make e2e-venv`; the tiny model, tokenizer, prompts and
+# reward via tests/e2e/assets.py), starts the cluster on its own ports and temp dir, runs
+# `python -m openrlhf.cli.train_ppo_ray` with the base arguments below, writes OUT_DIR/train.log,
+# OUT_DIR/tensorboard, OUT_DIR/sync.jsonl (weight-sync digests), stops the cluster and every process
+# of the run on any exit, and exits with train_ppo_ray's status. On failure it names the stage that
+# broke (environment, cluster, engine start, training, sync) and prints the log lines that matter.
+#
+# Environment: E2E_TIMEOUT_S (default 900) bounds the training run; E2E_ASSETS (default
+# .venv-e2e/assets) holds the generated model and data; E2E_SYNC_NEGATIVE_CONTROL=1 makes vLLM
+# receive but not load the weights (the sync check's negative control).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT_DIR="${1:?usage: bash tests/e2e/train.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]}"
+shift
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+LOG="$OUT_DIR/train.log"
+: > "$LOG"
+
+stage() { echo "[e2e] $*" >&2; }
+fail() {  # fail STAGE STATUS [LOGFILE]
+  stage "FAILED at stage: $1 (exit status $2)"
+  if [[ -n "${3:-}" && -s "$3" ]]; then
+    echo "[e2e] the log lines that matter ($3):" >&2
+    grep -nE 'Error|error:|Exception|Traceback|FAILED|Killed|Assertion|raise |OOM|out of memory' "$3" \
+      | grep -vE 'FutureWarning|UserWarning|DeprecationWarning' | tail -n 25 >&2 || true
+    echo "[e2e] last lines:" >&2
+    tail -n 15 "$3" >&2
+  fi
+  exit "$2"
+}
+
+# --- environment ------------------------------------------------------------------------------
+stage "environment: .venv-e2e"
+if ! make -s -C "$ROOT" e2e-venv > "$OUT_DIR/setup.log" 2>&1; then
+  fail environment 1 "$OUT_DIR/setup.log"
+fi
+VENV="$ROOT/.venv-e2e"
+PY="$VENV/bin/python"
+ASSETS="${E2E_ASSETS:-$VENV/assets}"
+ASSETS_VERSION="$(sed -n 's/^ASSETS_VERSION = "\(.*\)"$/\1/p' "$ROOT/tests/e2e/assets.py")"
+if [[ "$(cat "$ASSETS/VERSION" 2>/dev/null)" != "$ASSETS_VERSION" ]]; then
+  stage "environment: building the tiny model, tokenizer, prompts and reward in $ASSETS"
+  rm -rf "$ASSETS"
+  if ! "$PY" "$ROOT/tests/e2e/assets.py" "$ASSETS" >> "$OUT_DIR/setup.log" 2>&1; then
+    fail environment 1 "$OUT_DIR/setup.log"
+  fi
+fi
+
+# Every process of this run (cluster daemons, Ray workers, vLLM's engine process) inherits RUN_ID
+# in its environment; cleanup stops exactly those, never another Ray cluster on the machine.
+RUN_ID="e2e-$$-$RANDOM$RANDOM"
+RAY_TMP="$(mktemp -d /tmp/e2e-ray-XXXXXX)"  # short: Ray's socket paths must fit in 107 bytes
+# shellcheck disable=SC2329  # called from the EXIT trap
+run_pids() {
+  grep -lsz "^E2E_RUN_ID=$RUN_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true
+}
+# shellcheck disable=SC2329  # the EXIT trap
+cleanup() {
+  local pids
+  pids="$(run_pids)"
+  if [[ -n "$pids" ]]; then
+    # shellcheck disable=SC2086  # a list of pids
+    kill -TERM $pids 2>/dev/null || true
+    for _ in $(seq 1 20); do
+      [[ -z "$(run_pids)" ]] && break
+      sleep 0.5
+    done
+    pids="$(run_pids)"
+    # shellcheck disable=SC2086
+    [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
+  fi
+  rm -rf "$RAY_TMP"
+}
+trap cleanup EXIT
+trap 'stage "interrupted: stopping the cluster and every process of the run"; exit 130' INT TERM
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/tests/e2e/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
+export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl"
+: > "$E2E_SYNC_LOG"
+export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions"  # DeepSpeed's CPU ops, compiled on first use
+export GLOO_SOCKET_IFNAME=lo VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
+export RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
+export PATH="$VENV/bin:$PATH"
+
+# --- cluster ----------------------------------------------------------------------------------
+# Fake GPUs: OpenRLHF asks Ray for {"GPU": 1} bundles and num_gpus on its actors.
+stage "cluster: ray start (temp dir $RAY_TMP)"
+RAY_PORT="$(free_port)"
+if ! E2E_RUN_ID="$RUN_ID" timeout 120 ray start --head --node-ip-address 127.0.0.1 --port "$RAY_PORT" \
+    --num-cpus 8 --num-gpus 4 --temp-dir "$RAY_TMP" --include-dashboard false \
+    --disable-usage-stats > "$OUT_DIR/ray.log" 2>&1; then
+  fail cluster 1 "$OUT_DIR/ray.log"
+fi
+
+# --- training ---------------------------------------------------------------------------------
+# As close to examples/scripts/common.sh as a CPU allows; README "End to end on a CPU" lists what
+# differs and why. Everything after OUT_DIR on the command line comes last and wins.
+BASE_ARGS=(
+  --actor.model_name_or_path "$ASSETS/model"
+  --actor.num_nodes 1 --actor.num_gpus_per_node 1 --ref.num_nodes 1 --ref.num_gpus_per_node 1
+  --vllm.num_engines 1 --vllm.tensor_parallel_size 1 --vllm.sync_backend gloo --vllm.enforce_eager
+  --train.colocate_all --ds.zero_stage 3 --ds.param_dtype bf16
+  --actor.gradient_checkpointing_enable --ds.attn_implementation sdpa
+  --algo.advantage.estimator group_norm
+  --rollout.batch_size 4 --rollout.n_samples_per_prompt 4
+  --train.batch_size 4 --train.micro_batch_size 2 --rollout.micro_batch_size 4
+  --rollout.max_new_tokens 24 --data.max_len 96
+  --rollout.temperature 1.0 --rollout.top_p 1.0
+  --actor.adam.lr 1e-4 --actor.lr_warmup_ratio 0 --actor.lr_scheduler constant
+  --actor.loss_agg_mode seq-mean-token-mean
+  --algo.kl.use_loss --algo.kl.estimator k3 --algo.kl.init_coef 0.001
+  --actor.entropy_coef 0
+  --train.num_episodes 1 --train.seed 42
+  --data.prompt_dataset "$ASSETS/prompts.jsonl" --data.input_key prompt --data.label_key label
+  --data.apply_chat_template
+  --reward.remote_url "$ASSETS/reward.py"
+  --ckpt.path "$OUT_DIR/ckpt" --ckpt.output_dir "$OUT_DIR/model"
+  --logger.logging_steps 1 --logger.tensorboard_dir "$OUT_DIR/tensorboard"
+)
+stage "training: python -m openrlhf.cli.train_ppo_ray ${*:-(base arguments only)}"
+# In the background and waited for, so that a signal to this script runs its traps at once.
+set +e
+E2E_RUN_ID="$RUN_ID" RAY_ADDRESS="127.0.0.1:$RAY_PORT" timeout --kill-after=30 "${E2E_TIMEOUT_S:-900}" \
+  "$PY" -m openrlhf.cli.train_ppo_ray "${BASE_ARGS[@]}" "$@" > "$LOG" 2>&1 &
+wait $!
+status=$?
+set -e
+
+if [[ $status -eq 0 ]]; then
+  stage "done: $LOG"
+  exit 0
+fi
+# Which stage broke, from the milestones the log reached.
+if [[ $status -eq 2 ]] && grep -q 'usage: train_ppo_ray' "$LOG"; then
+  cat "$LOG" >&2  # the parser's own message
+  stage "FAILED: train_ppo_ray rejected the arguments"
+  exit 2
+elif [[ $status -eq 124 || $status -eq 137 ]]; then
+  stage "timed out after ${E2E_TIMEOUT_S:-900} s"
+fi
+if grep -q '"side": "engine"' "$E2E_SYNC_LOG"; then
+  fail "training (after a weight sync reached vLLM)" "$status" "$LOG"
+elif grep -qE 'update weight|init_process_group' "$LOG"; then
+  fail "sync (DeepSpeed -> vLLM weight broadcast)" "$status" "$LOG"
+elif grep -q 'Train epoch' "$LOG"; then
+  fail "training (before the first weight sync)" "$status" "$LOG"
+elif ! grep -q 'init engine (profile' "$LOG"; then
+  fail "engine start (vLLM)" "$status" "$LOG"
+else
+  fail "training start (DeepSpeed actors, reference, first rollout)" "$status" "$LOG"
+fi
