@@ -94,9 +94,12 @@ def chi2_run(e2e_root) -> Run:
 
 @pytest.fixture(scope="session")
 def kl_run(e2e_root) -> Run:
+    """The band's defaults (kl), dual-clip and the vLLM IS correction, through the fused Triton kernel
+    (in Triton's CPU interpreter: TRITON_INTERPRET=1 reaches the DeepSpeed actor through Ray)."""
     return trained(
-        e2e_root / "kl", "--loss", "band", "--actor.dual_clip", "10",
+        e2e_root / "kl", "--loss", "band", "--actor.dual_clip", "10", "--actor.band.backend", "triton",
         "--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "mask",
+        env={"TRITON_INTERPRET": "1"},
     )  # fmt: skip
 
 
@@ -166,10 +169,11 @@ def test_the_band_clips_for_real_and_ppo_clip_ratio_is_its_two_sides(chi2_run):
         assert ratio == pytest.approx(upper[step] + lower[step], rel=1e-6, abs=1e-9), step
 
 
-def test_band_kl_default_with_dual_clip_and_vllm_is_correction(kl_run):
+def test_band_kl_default_with_dual_clip_vllm_is_correction_and_the_triton_kernel(kl_run):
     band = resolved_band(kl_run)
     assert "divergence='kl'" in band and "delta=0.05" in band and "upper_cap=10.0" in band
     assert "dual_clip=10.0" in kl_run.log and "is_correction_level='token'" in kl_run.log
+    assert "backend='triton'" in band
     check_band_metrics(kl_run, list(range(1, STEPS + 1)))
     scalars = kl_run.scalars()
     # vLLM's rollout log-probs against the actor's: the weights vLLM sampled with are the actor's
