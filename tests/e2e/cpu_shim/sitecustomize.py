@@ -108,11 +108,14 @@ def _gloo_weight_sync_group(module) -> None:
 
 
 def _digests(named_tensors) -> dict[str, str]:
+    """name -> sha256 of the tensor's bytes (bit-exact comparison across processes)."""
+    import torch
+
     out = {}
     for name, tensor in named_tensors:
         if tensor.numel() == 0:  # vLLM's CPU backend keeps repacked linear weights elsewhere
             continue
-        data = tensor.detach().cpu().contiguous().view(-1).view(__import__("torch").uint8)
+        data = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8)
         out[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
     return out
 
