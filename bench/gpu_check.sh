@@ -13,9 +13,9 @@ status=0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > "$OUT/nvidia-smi.csv" 2>&1 || true
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
 timeout 240 python bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log" || status=1
-timeout 180 python -m openrlhf_band.cli bench kernel --tokens 524288 4194304 --divergences kl chi2 tv --repeats 20 \
+timeout 180 python -m openrlhf_band.tools.cli bench kernel --tokens 524288 4194304 --divergences kl chi2 tv --repeats 20 \
   2>&1 | tee "$OUT/bench_kernel.log" || status=1
-timeout 60 python -m openrlhf_band.cli bench bounds --device cuda --repeats 20 2>&1 | tee "$OUT/bench_bounds.log" || status=1
+timeout 60 python -m openrlhf_band.tools.cli bench bounds --device cuda --repeats 20 2>&1 | tee "$OUT/bench_bounds.log" || status=1
 if python -c "import pytest, hypothesis, mpmath" 2>/dev/null; then
   OPENRLHF_BAND_TEST_DEVICE=cuda timeout 120 python -m pytest -q -p no:cacheprovider tests/test_band_loss_kernel.py \
     2>&1 | tail -20 | tee "$OUT/pytest_kernel.log" || status=1

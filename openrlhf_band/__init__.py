@@ -1,9 +1,9 @@
 """BandPO for OpenRLHF: probability-aware trust-region ratio bounds and the Band policy loss."""
 
-from openrlhf_band.bounds import band_bounds
-from openrlhf_band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
+from openrlhf_band.band.bounds import band_bounds
+from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
 from openrlhf_band.functional import band_token_loss
-from openrlhf_band.openrlhf_glue import BandPolicyLoss
+from openrlhf_band.integration.policy_loss import BandPolicyLoss
 from openrlhf_band.ops.reference import BandTokenLoss
 
 __all__ = [

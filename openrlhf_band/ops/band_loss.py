@@ -34,14 +34,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from openrlhf_band.bounds import (
+from openrlhf_band.band.bounds import (
     _TABLE_CELLS_PER_UNIT,
     _TABLE_W_MIN,
     _root_table,
     _validate,
     band_bounds,
 )
-from openrlhf_band.divergences import get_divergence, hellinger_angle
+from openrlhf_band.band.divergences import get_divergence, hellinger_angle
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
 
 # how the kernel gets the band: string options map to integer constexprs

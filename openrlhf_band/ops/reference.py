@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from openrlhf_band.bounds import band_bounds
+from openrlhf_band.band.bounds import band_bounds
 
 LOG_RATIO_CLAMP = 20.0  # OpenRLHF 0.11.2 clamps log(pi_new / pi_old) to [-20, 20] before exp
 

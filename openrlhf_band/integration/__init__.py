@@ -1,0 +1,33 @@
+"""Everything OpenRLHF-facing: the band's flags and their validation, `BandPolicyLoss`, its metrics,
+the stand-ins that let the patched OpenRLHF import without flash-attn or vLLM, `check-args`, and the
+patch tool with the patch set it applies (`patches/`).
+
+This package is the one import path of the patch set: the patched OpenRLHF files import only names
+re-exported here, so moving code inside openrlhf_band never changes the patches.
+"""
+
+from openrlhf_band.integration.compat import (
+    all_gather,
+    index_first_axis,
+    missing_vllm,
+    pad_input,
+    rearrange,
+    unpad_input,
+)
+from openrlhf_band.integration.flags import add_band_arguments, band_loss_kwargs, validate_band_arguments
+from openrlhf_band.integration.metrics import band_metrics
+from openrlhf_band.integration.policy_loss import BandPolicyLoss
+
+__all__ = [
+    "BandPolicyLoss",
+    "add_band_arguments",
+    "all_gather",
+    "band_loss_kwargs",
+    "band_metrics",
+    "index_first_axis",
+    "missing_vllm",
+    "pad_input",
+    "rearrange",
+    "unpad_input",
+    "validate_band_arguments",
+]

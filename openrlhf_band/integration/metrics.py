@@ -1,0 +1,46 @@
+"""The band's training metrics (`band/*`), written into OpenRLHF's `experience.info`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Old-probability bins of the per-bin clip-fraction metrics: [0, 0.01), [0.01, 0.1), [0.1, 0.5), [0.5, 1].
+METRIC_PROB_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)
+_BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
+
+
+@torch.no_grad()
+def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None) -> dict[str, Tensor]:
+    """0-d float32 metrics, each a mean over the unmasked tokens, so that OpenRLHF's token-weighted
+    all-reduce over micro-batches and ranks gives the exact value over the whole step:
+
+    band/clip_frac_upper, band/clip_frac_lower: share of tokens whose clipped branch is active
+        above (A > 0, r > r_up) and below (A < 0, r < r_low);
+    band/lower_mean, band/upper_mean, band/width_mean: mean bounds and r_up - r_low (with no cap,
+        upper_mean is dominated by the rarest tokens);
+    band/tokens_<bin>, band/clipped_<bin>: share of all tokens whose old probability lies in the
+        bin, and share that lies in it and was clipped (either side); bins p < 0.01, 0.01-0.1,
+        0.1-0.5, >= 0.5. The clip rate within a bin is clipped_<bin> / tokens_<bin>: the band should
+        clip rare tokens far less often than a fixed clip does.
+    """
+    mask = torch.ones_like(out.loss, dtype=torch.bool) if action_mask is None else action_mask != 0
+    count = mask.sum().clamp(min=1)
+
+    def share(values: Tensor) -> Tensor:
+        return (torch.where(mask, values.float(), 0.0).sum() / count).float()
+
+    clipped = out.clipped_upper | out.clipped_lower
+    metrics = {
+        "band/clip_frac_upper": share(out.clipped_upper),
+        "band/clip_frac_lower": share(out.clipped_lower),
+        "band/lower_mean": share(out.lower),
+        "band/upper_mean": share(out.upper),
+        "band/width_mean": share(out.upper - out.lower),
+    }
+    p = old_log_probs.detach().float().exp()
+    for name, lo, hi in zip(_BIN_NAMES, METRIC_PROB_BINS[:-1], METRIC_PROB_BINS[1:]):
+        in_bin = (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))
+        metrics[f"band/tokens_{name}"] = share(in_bin)
+        metrics[f"band/clipped_{name}"] = share(in_bin & clipped)
+    return metrics

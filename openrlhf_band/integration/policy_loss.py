@@ -1,0 +1,154 @@
+"""`BandPolicyLoss`, a drop-in for OpenRLHF 0.11.2's `openrlhf.models.PolicyLoss` with the Band in
+place of the fixed clip.
+
+Importing this module does not import OpenRLHF; `BandPolicyLoss.forward` imports OpenRLHF's
+`aggregate_loss` and `masked_mean` so that aggregation keeps OpenRLHF's exact semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from openrlhf_band.band.bounds import _validate
+from openrlhf_band.functional import BACKENDS, band_token_loss
+from openrlhf_band.integration.metrics import band_metrics
+
+
+class BandPolicyLoss(nn.Module):
+    """Drop-in for OpenRLHF 0.11.2's `PolicyLoss` with the Band in place of the fixed clip.
+
+    Same constructor arguments (the clip eps are accepted and ignored: the band replaces them;
+    `relax` is the way to union a fixed interval back in) plus the band's, and the same
+    `forward` signature and 5-tuple `(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`.
+    Honours dual-clip, token-level or seq-mean-token-mean aggregation with the global token /
+    sample counts, and the train/rollout IS correction. After each forward `band_metrics` holds
+    0-d tensors (`band/...`) for `experience.info`.
+
+    `bounds_fn(old_log_probs) -> (lower, upper)` replaces the band with any other rule of the old
+    log-probs (a fixed interval, a probability-dependent clip); its bounds are used as given.
+    """
+
+    def __init__(
+        self,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        dual_clip: float | None = None,
+        token_level_loss: bool = True,
+        policy_loss_type: str = "band",
+        is_correction_level: str = "off",
+        is_correction_mode: str = "mask",
+        is_correction_gating: str = "ratio",
+        is_correction_threshold=(0.5, 5.0),
+        *,
+        divergence: str = "kl",
+        delta: float = 0.05,
+        upper_cap: float | None = 10.0,
+        relax: tuple[float, float] | None = None,
+        backend: str = "auto",
+        bounds_fn: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
+    ) -> None:
+        super().__init__()
+        _validate(divergence, delta, upper_cap, relax)
+        if policy_loss_type not in ("band", "ppo"):
+            raise ValueError(f"BandPolicyLoss implements the band (ppo-style) loss, not {policy_loss_type!r}")
+        if dual_clip is not None and not dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1.0, got {dual_clip}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        # the same option checks as OpenRLHF's PolicyLoss, with the same messages
+        if is_correction_level not in {"off", "token", "seq"}:
+            raise ValueError(f"is_correction_level must be off/token/seq, got {is_correction_level}")
+        if is_correction_mode not in {"mask", "clip"}:
+            raise ValueError(f"is_correction_mode must be mask/clip, got {is_correction_mode}")
+        if is_correction_gating not in {"ratio", "binary_kl", "tv"}:
+            raise ValueError(f"is_correction_gating must be ratio/binary_kl/tv, got {is_correction_gating}")
+        if is_correction_mode == "clip" and (is_correction_level == "seq" or is_correction_gating != "ratio"):
+            raise ValueError(
+                "is_correction_mode=clip requires is_correction_level=token and is_correction_gating=ratio"
+            )
+        if is_correction_gating != "ratio" and is_correction_level != "off" and is_correction_threshold[0] > 0:
+            raise ValueError(f"is_correction_gating={is_correction_gating} takes an upper bound only (a single delta)")
+        self.clip_eps_low, self.clip_eps_high = clip_eps_low, clip_eps_high
+        self.dual_clip = dual_clip
+        self.token_level_loss = token_level_loss
+        self.policy_loss_type = "band"
+        self.is_correction_level = is_correction_level
+        self.is_correction_mode = is_correction_mode
+        self.is_correction_gating = is_correction_gating
+        self.is_correction_threshold = is_correction_threshold
+        self.divergence, self.delta, self.upper_cap, self.relax = divergence, float(delta), upper_cap, relax
+        self.backend = backend
+        self.bounds_fn = bounds_fn
+        self.band_metrics: dict[str, Tensor] = {}
+
+    def forward(
+        self,
+        log_probs: Tensor,
+        old_log_probs: Tensor,
+        advantages: Tensor,
+        action_mask: Tensor | None = None,
+        rollout_log_probs: Tensor | None = None,
+        dp_size: int = 1,
+        batch_num_tokens: float | None = None,
+        global_batch_size: float | None = None,
+    ):
+        from openrlhf.models.loss import aggregate_loss
+        from openrlhf.models.utils import masked_mean
+
+        bounds = self.bounds_fn(old_log_probs) if self.bounds_fn is not None else None
+        out = band_token_loss(
+            log_probs, old_log_probs, advantages, action_mask, divergence=self.divergence, delta=self.delta,
+            upper_cap=self.upper_cap, relax=self.relax, dual_clip=self.dual_clip, backend=self.backend,
+            return_bounds=True, bounds=bounds,
+        )  # fmt: skip
+        loss = out.loss
+
+        # train/rollout IS correction, exactly as OpenRLHF 0.11.2's PolicyLoss ("ppo" branch)
+        vllm_kl = is_filter_ratio = None
+        if self.is_correction_level != "off":
+            low, high = self.is_correction_threshold
+            seq_level = self.is_correction_level == "seq"
+            is_log_ratio = (old_log_probs - rollout_log_probs).detach()
+            token_is = is_log_ratio.exp()
+            if self.is_correction_gating == "ratio":
+                stat = masked_mean(is_log_ratio, action_mask, dim=-1).unsqueeze(-1) if seq_level else is_log_ratio
+                stat = stat.exp()
+            else:
+                p = rollout_log_probs.exp().clamp(1e-6, 1 - 1e-6)
+                q = old_log_probs.exp().clamp(1e-6, 1 - 1e-6)
+                if self.is_correction_gating == "binary_kl":
+                    stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+                else:
+                    stat = (p - q).abs()
+                if seq_level:
+                    stat = masked_mean(stat, action_mask, dim=-1).unsqueeze(-1)
+            if self.is_correction_mode == "clip":
+                coef = stat.clamp(min=low, max=high)
+                filtered = (stat < low) | (stat > high)
+            else:
+                keep = (stat >= low) & (stat <= high)
+                coef = torch.where(keep, token_is, 0.0)
+                filtered = ~keep
+            loss = coef * loss
+            if seq_level:
+                is_filter_ratio = filtered.float().mean()
+            else:
+                is_filter_ratio = masked_mean(filtered.float(), action_mask, dim=None)
+            vllm_kl = masked_mean(rollout_log_probs - old_log_probs, action_mask, dim=None)
+
+        loss = aggregate_loss(
+            loss,
+            action_mask,
+            token_level_loss=self.token_level_loss,
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+        )
+        clipped = out.clipped_upper | out.clipped_lower
+        clip_ratio = masked_mean(clipped.float(), action_mask, dim=None)
+        ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
+        self.band_metrics = band_metrics(out, old_log_probs, action_mask)
+        return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio

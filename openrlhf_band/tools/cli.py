@@ -1,0 +1,127 @@
+"""`openrlhf-band`: the command-line entry point. Each subcommand imports its module lazily, so
+`openrlhf-band bounds` does not pay for DeepSpeed or Ray imports."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _cmd_bounds(args: argparse.Namespace) -> int:
+    from openrlhf_band.tools.inspect_bounds import bounds_table
+
+    print(bounds_table(args.p, args.divergence, args.delta, upper_cap=args.upper_cap))
+    return 0
+
+
+def _cmd_plot_bounds(args: argparse.Namespace) -> int:
+    from openrlhf_band.tools.inspect_bounds import plot_bounds
+
+    print(f"wrote {plot_bounds(args.output, args.delta, args.divergences, upper_cap=args.upper_cap)}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "bounds":
+        from openrlhf_band.tools.bench import bounds_bench
+
+        return bounds_bench.main(args)
+    from openrlhf_band.tools.bench import kernel_bench
+
+    return kernel_bench.main(args)
+
+
+def _cmd_patch(args: argparse.Namespace) -> int:
+    from openrlhf_band.integration import patching
+
+    return patching.main(args)
+
+
+def _cmd_check_args(args: argparse.Namespace) -> int:
+    from openrlhf_band.integration.check_args import main as check_args_main
+
+    return check_args_main(args.train_args)
+
+
+def _module_command(module: str):
+    """A subcommand implemented by `module.main(args)` (imported when it runs)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return importlib.import_module(module).main(args)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from openrlhf_band.band.divergences import DIVERGENCES
+
+    parser = argparse.ArgumentParser(prog="openrlhf-band", description="BandPO for OpenRLHF 0.11.2")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("bounds", help="print the band next to fixed clips for some old probabilities")
+    p.add_argument("--divergence", default="kl", choices=DIVERGENCES)
+    p.add_argument("--delta", type=float, default=0.05)
+    p.add_argument("--upper-cap", type=float, default=None)
+    p.add_argument("--p", type=float, nargs="+", default=[0.001, 0.01, 0.1, 0.5, 0.9, 0.99])
+    p.set_defaults(func=_cmd_bounds)
+
+    p = sub.add_parser("plot-bounds", help="plot r_low and r_up against p for every divergence")
+    p.add_argument("--delta", type=float, default=0.05)
+    p.add_argument("--upper-cap", type=float, default=None)
+    p.add_argument("--divergences", nargs="+", default=list(DIVERGENCES), choices=DIVERGENCES)
+    p.add_argument("-o", "--output", default="bounds.png")
+    p.set_defaults(func=_cmd_plot_bounds)
+
+    p = sub.add_parser("patch", help="apply / check / revert / status of the OpenRLHF 0.11.2 patch set")
+    from openrlhf_band.integration import patching
+
+    patching.add_arguments(p)
+    p.set_defaults(func=_cmd_patch)
+
+    p = sub.add_parser(
+        "check-args",
+        help="validate train_ppo_ray arguments with the patched parser (no Ray) and print the loss config",
+    )
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by train_ppo_ray arguments")
+    p.set_defaults(func=_cmd_check_args)
+
+    from openrlhf_band.recipe import data, results
+    from openrlhf_band.tools import demo
+
+    for name, module, help_text in (
+        ("demo", demo, "GRPO on CPU with a tiny model: clip vs Clip-Higher vs BandPO (the README's first command)"),
+        ("prepare-data", data, "write the recipe's train / eval JSONL (DAPO-Math-17k + MATH; AIME 24/25, AMC 23)"),
+        ("results", results, "paper-style table and curves from the TensorBoard logs of several runs"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        module.add_arguments(p)
+        p.set_defaults(func=_module_command(module.__name__))
+
+    p = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
+    bench_sub = p.add_subparsers(dest="what", required=True)
+    from openrlhf_band.tools.bench import bounds_bench
+
+    b = bench_sub.add_parser("bounds", help="band bounds vs fixed clipping vs the authors' solver")
+    bounds_bench.add_arguments(b)
+    from openrlhf_band.tools.bench import kernel_bench
+
+    k = bench_sub.add_parser("kernel", help="fused Band loss vs torch reference vs OpenRLHF PPO clipping")
+    kernel_bench.add_arguments(k)
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as err:  # bad user input: one clear line, no traceback
+        print(f"openrlhf-band: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""BandPolicyLoss against OpenRLHF 0.11.2's own PolicyLoss, and its band/* metrics.
+
+With the band replaced by the constant interval [0.8, 1.2], BandPolicyLoss must reproduce
+PolicyLoss(0.2, 0.2) exactly: loss, gradient and every metric, for every option combination.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from openrlhf.models.loss import PolicyLoss
+
+from openrlhf_band import band_bounds
+from openrlhf_band.integration.policy_loss import BandPolicyLoss
+
+IS_OPTIONS = [
+    ("off", "mask", "ratio", (0.5, 5.0)),
+    ("token", "mask", "ratio", (0.5, 5.0)),
+    ("token", "clip", "ratio", (0.5, 5.0)),
+    ("seq", "mask", "ratio", (0.5, 5.0)),
+    ("token", "mask", "binary_kl", (0.0, 0.05)),
+    ("seq", "mask", "tv", (0.0, 0.1)),
+]
+
+
+def make_batch(seed: int, batch: int = 6, length: int = 37):
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(batch, length, generator=gen) * 4
+    log_probs = (old + 0.3 * torch.randn(batch, length, generator=gen)).requires_grad_(True)
+    rollout = old + 0.05 * torch.randn(batch, length, generator=gen)
+    advantages = torch.randn(batch, length, generator=gen)
+    mask = (torch.rand(batch, length, generator=gen) > 0.25).float()
+    mask[0] = 0.0  # a fully masked sequence
+    return log_probs, old, rollout, advantages, mask
+
+
+@pytest.mark.parametrize(
+    "dual_clip, token_level, is_option, global_counts",
+    list(itertools.product([None, 3.0], [True, False], IS_OPTIONS, [False, True])),
+)
+def test_constant_band_equals_openrlhf_ppo_clip(dual_clip, token_level, is_option, global_counts):
+    level, mode, gating, threshold = is_option
+    common = dict(
+        dual_clip=dual_clip, token_level_loss=token_level, is_correction_level=level,
+        is_correction_mode=mode, is_correction_gating=gating, is_correction_threshold=threshold,
+    )  # fmt: skip
+    ours = BandPolicyLoss(0.2, 0.2, backend="torch", bounds_fn=lambda old: (0.8, 1.2), **common)
+    theirs = PolicyLoss(0.2, 0.2, policy_loss_type="ppo", **common)
+    log_probs, old, rollout, adv, mask = make_batch(seed=IS_OPTIONS.index(is_option))
+    kwargs = dict(action_mask=mask, rollout_log_probs=rollout)
+    if global_counts:
+        kwargs.update(dp_size=2, batch_num_tokens=float(mask.sum()) * 2, global_batch_size=12.0)
+    a = ours(log_probs, old, adv, **kwargs)
+    b = theirs(log_probs, old, adv, **kwargs)
+    for name, x, y in zip(("loss", "clip_ratio", "ppo_kl", "vllm_kl", "is_filter_ratio"), a, b):
+        if y is None:
+            assert x is None, name
+        else:
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7, msg=name)
+    (ga,) = torch.autograd.grad(a[0], log_probs)
+    (gb,) = torch.autograd.grad(b[0], log_probs)
+    torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-8)
+
+
+def test_band_changes_the_clipping_where_it_should():
+    # a rare token (p = 0.05) that doubled its probability with A > 0: clip 0.2 stops it, kl band does not
+    old = torch.log(torch.tensor([[0.05, 0.9]]))
+    log_probs = (old + math.log(2.0)).requires_grad_(True)
+    adv, mask = torch.ones(1, 2), torch.ones(1, 2)
+    band = BandPolicyLoss(backend="torch")
+    ppo = PolicyLoss(0.2, 0.2)
+    (g_band,) = torch.autograd.grad(band(log_probs, old, adv, action_mask=mask)[0], log_probs)
+    (g_ppo,) = torch.autograd.grad(ppo(log_probs, old, adv, action_mask=mask)[0], log_probs)
+    assert g_ppo[0, 0] == 0 and g_band[0, 0] < 0  # band keeps pushing the rare token up
+    assert g_band[0, 1] == 0 and g_ppo[0, 1] == 0  # r = 2 exceeds both bounds for p = 0.9
+
+
+def test_metrics_match_a_hand_computation():
+    log_probs, old, _, adv, mask = make_batch(seed=3)
+    loss_fn = BandPolicyLoss(backend="torch", divergence="chi2", delta=0.05, upper_cap=10.0)
+    loss_fn(log_probs, old, adv, action_mask=mask)
+    m = loss_fn.band_metrics
+    bins = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
+    assert set(m) == {
+        "band/clip_frac_upper", "band/clip_frac_lower", "band/lower_mean", "band/upper_mean", "band/width_mean",
+        *(f"band/tokens_{b}" for b in bins), *(f"band/clipped_{b}" for b in bins),
+    }  # fmt: skip
+    assert all(v.dim() == 0 and v.dtype == torch.float32 for v in m.values())
+    keep = mask.bool()
+    n = keep.sum()
+    lower, upper = band_bounds(old, "chi2", 0.05, upper_cap=10.0)
+    ratio = torch.exp(log_probs.detach() - old)
+    up = (adv > 0) & (ratio > upper) & keep
+    low = (adv < 0) & (ratio < lower) & keep
+    torch.testing.assert_close(m["band/clip_frac_upper"], up.sum() / n)
+    torch.testing.assert_close(m["band/clip_frac_lower"], low.sum() / n)
+    torch.testing.assert_close(m["band/upper_mean"], upper[keep].mean())
+    torch.testing.assert_close(m["band/width_mean"], (upper - lower)[keep].mean())
+    p = old.exp()
+    in_bin = keep & (p >= 0.1) & (p < 0.5)
+    torch.testing.assert_close(m["band/tokens_p0.1-0.5"], in_bin.sum() / n)
+    torch.testing.assert_close(m["band/clipped_p0.1-0.5"], ((up | low) & in_bin).sum() / n)
+    assert sum(m[f"band/tokens_{b}"] for b in bins).item() == pytest.approx(1.0)
+
+
+def test_metrics_reduce_exactly_under_token_weighted_averaging():
+    # OpenRLHF averages 0-d metrics over micro-batches weighted by their token counts: the result
+    # must equal the metric over the concatenated batch
+    a, b = make_batch(seed=5, batch=3), make_batch(seed=6, batch=5)
+    loss_fn = BandPolicyLoss(backend="torch", divergence="kl")
+    parts = []
+    for log_probs, old, _, adv, mask in (a, b):
+        loss_fn(log_probs, old, adv, action_mask=mask)
+        parts.append((loss_fn.band_metrics, mask.sum()))
+    whole = [torch.cat([x[i].detach() for x in (a, b)]) for i in range(5)]
+    loss_fn(whole[0], whole[1], whole[3], action_mask=whole[4])
+    for key, value in loss_fn.band_metrics.items():
+        reduced = sum(m[key] * w for m, w in parts) / sum(w for _, w in parts)
+        torch.testing.assert_close(reduced, value, msg=key)
+
+
+def test_rejects_bad_options():
+    with pytest.raises(ValueError, match="unknown divergence"):
+        BandPolicyLoss(divergence="js")
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        BandPolicyLoss(dual_clip=0.5)
+    with pytest.raises(ValueError, match="is_correction_level"):
+        BandPolicyLoss(is_correction_level="sometimes")

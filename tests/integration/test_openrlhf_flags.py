@@ -1,0 +1,95 @@
+"""The patched train_ppo_ray parser: both spellings of the band flags, defaults, rejections,
+and `openrlhf-band check-args`. Also OpenRLHF's own test-suite against the patched tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from openrlhf_band.integration.check_args import validate_train_args
+from openrlhf_band.integration.flags import resolved_loss_config
+from openrlhf_band.integration.patching import find_site_packages
+
+BASE = [
+    "--actor.model_name_or_path", "some/model", "--algo.advantage.estimator", "group_norm",
+    "--rollout.n_samples_per_prompt", "4", "--reward.remote_url", "reward.py",
+]  # fmt: skip
+
+
+def config(*extra: str) -> dict:
+    return resolved_loss_config(validate_train_args([*BASE, *extra]))
+
+
+def test_short_and_dotted_spellings_resolve_identically():
+    short = config("--loss", "band", "--band_divergence", "chi2", "--band_delta", "0.1")
+    dotted = config("--actor.policy_loss_type", "band", "--actor.band.divergence", "chi2", "--actor.band.delta", "0.1")
+    assert short == dotted
+    assert short["band"] == {
+        "rule": "trust_region", "divergence": "chi2", "delta": 0.1, "upper_cap": 10.0, "relax": None, "backend": "auto",
+    }  # fmt: skip
+
+
+def test_band_defaults_are_the_authors_runs():
+    band = config("--loss", "band")["band"]
+    assert band["divergence"] == "kl" and band["delta"] == 0.05 and band["upper_cap"] == 10.0
+    assert band["relax"] is None
+
+
+def test_cap_relax_and_recipe_flags_pass_through():
+    cfg = config(
+        "--loss", "band", "--actor.band.upper_cap", "none", "--actor.band.relax", "0.2", "0.28",
+        "--actor.dual_clip", "10", "--actor.loss_agg_mode", "seq-mean-token-mean",
+        "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--algo.kl.init_coef", "0.001",
+    )  # fmt: skip
+    assert cfg["band"]["upper_cap"] is None and cfg["band"]["relax"] == [0.2, 0.28]
+    assert cfg["dual_clip"] == 10.0 and cfg["loss_agg_mode"] == "seq-mean-token-mean"
+    assert cfg["kl_loss"] == {"use_loss": True, "estimator": "k3", "init_coef": 0.001}
+
+
+def test_default_loss_is_untouched():
+    cfg = config()
+    assert cfg["policy_loss_type"] == "ppo" and "band" not in cfg
+    assert cfg["eps_clip_low_high"] == [0.2, 0.2]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--loss", "band", "--band_delta", "0"], "delta must be a positive finite number"),
+        (["--loss", "band", "--band_delta", "nan"], "delta must be a positive finite number"),
+        (["--loss", "band", "--actor.band.upper_cap", "0.5"], "upper_cap must be >= 1"),
+        (["--loss", "band", "--actor.band.relax", "-0.1", "0.2"], "relax must be a pair"),
+        (["--loss", "band", "--band_divergence", "js"], "invalid choice: 'js'"),
+        (["--band_divergence", "chi2"], "needs the band loss"),
+        (["--loss", "clip"], "invalid choice: 'clip'"),
+        (["--loss", "band", "--actor.dual_clip", "0.5"], "dual_clip must be > 1"),
+    ],
+)
+def test_bad_values_fail_at_parse_time(extra, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        validate_train_args([*BASE, *extra])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_check_args_command_prints_json_and_fails_cleanly():
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "check-args", "--", *BASE, "--loss", "band"]
+    done = subprocess.run([*cmd, "--band_divergence", "chi2"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout[done.stdout.index("{") :])["band"]["divergence"] == "chi2"
+    done = subprocess.run([*cmd, "--band_delta", "-1"], capture_output=True, text=True)
+    assert done.returncode == 2 and "delta must be a positive finite number" in done.stderr
+
+
+def test_openrlhf_own_test_suite_passes_on_the_patched_tree(tmp_path):
+    site = find_site_packages(None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(site / "tests"), "-q", "-p", "no:cacheprovider",
+         "--rootdir", str(site), "-c", "/dev/null"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout
