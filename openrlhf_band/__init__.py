@@ -1,11 +1,24 @@
-"""BandPO for OpenRLHF: probability-aware trust-region ratio bounds and the Band policy loss."""
+"""BandPO for OpenRLHF: probability-aware trust-region ratio bounds and the Band policy loss.
 
-from openrlhf_band.band.bounds import band_bounds
-from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
-from openrlhf_band.functional import band_token_loss
-from openrlhf_band.integration.policy_loss import BandPolicyLoss
-from openrlhf_band.ops.reference import BandTokenLoss
+The public names are imported on first use (PEP 562), so that `import openrlhf_band.<layer>` (the
+patched OpenRLHF, the CLI) does not import torch and every layer before it is needed.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_PUBLIC = {
+    "band_bounds": "openrlhf_band.band.bounds",
+    "DIVERGENCES": "openrlhf_band.band.divergences",
+    "Divergence": "openrlhf_band.band.divergences",
+    "get_divergence": "openrlhf_band.band.divergences",
+    "register_divergence": "openrlhf_band.band.divergences",
+    "band_token_loss": "openrlhf_band.functional",
+    "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
+    "BandTokenLoss": "openrlhf_band.ops.reference",
+}
 __all__ = [
     "DIVERGENCES",
     "BandPolicyLoss",
@@ -17,3 +30,22 @@ __all__ = [
     "register_divergence",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from openrlhf_band.band.bounds import band_bounds
+    from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
+    from openrlhf_band.functional import band_token_loss
+    from openrlhf_band.integration.policy_loss import BandPolicyLoss
+    from openrlhf_band.ops.reference import BandTokenLoss
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'openrlhf_band' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -8,6 +8,7 @@ import os
 import torch
 from torch import Tensor
 
+from openrlhf_band.band.bounds import _validate, is_real_number
 from openrlhf_band.ops.reference import BandTokenLoss, band_token_loss_reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -56,7 +57,8 @@ def band_token_loss(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if dual_clip is not None and not dual_clip > 1.0:
+    _validate(divergence, delta, upper_cap, relax)  # on both backends, also when `bounds` replace the band
+    if dual_clip is not None and not (is_real_number(dual_clip) and dual_clip > 1.0):
         raise ValueError(f"dual_clip must be > 1 (OpenRLHF's rule), got {dual_clip!r}")
     if old_log_probs.shape != log_probs.shape:
         raise ValueError(

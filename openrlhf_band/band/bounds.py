@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -53,23 +54,26 @@ _RUNTIME_BISECT_STEPS = 20
 _RUNTIME_NEWTON_STEPS = 8
 
 
+def is_real_number(value) -> bool:
+    """A real number of any type (int, float, numpy scalars, Fraction, ...), but not a bool or a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # np.bool_ is no numbers.Real
+
+
 def _validate(divergence: str, delta: float, upper_cap: float | None, relax) -> tuple[Divergence, float]:
     div = get_divergence(divergence)
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)):
+    if not is_real_number(delta):
         raise ValueError(f"delta must be a positive finite number, got {delta!r}")
     delta = float(delta)
     if not math.isfinite(delta) or delta <= 0.0:
         raise ValueError(f"delta must be a positive finite number (the trust-region radius), got {delta!r}")
     if upper_cap is not None:
-        if isinstance(upper_cap, bool) or not isinstance(upper_cap, (int, float)) or math.isnan(upper_cap):
+        if not is_real_number(upper_cap) or math.isnan(upper_cap):
             raise ValueError(f"upper_cap must be a number >= 1 or None, got {upper_cap!r}")
         if upper_cap < 1.0:
             raise ValueError(f"upper_cap must be >= 1 (a cap below 1 forbids any rise), got {upper_cap!r}")
     if relax is not None:
         ok = isinstance(relax, Sequence) and not isinstance(relax, (str, bytes)) and len(relax) == 2
-        ok = ok and all(
-            isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e >= 0.0 for e in relax
-        )
+        ok = ok and all(is_real_number(e) and math.isfinite(e) and e >= 0.0 for e in relax)
         if not ok or relax[0] > 1.0:
             raise ValueError(
                 f"relax must be a pair (eps_low, eps_high) of finite numbers >= 0 with eps_low <= 1, got {relax!r}"

@@ -13,21 +13,27 @@ import math
 import torch
 from torch import Tensor
 
+from openrlhf_band.band.bounds import is_real_number
+
+#: DCPO's published clip eps (eps_low, eps_high), used when --actor.eps_clip_low_high is not given.
 DCPO_DEFAULT_EPS = (0.16, 0.20)
 
 
 def validate_dcpo(eps_low: float, eps_high: float, upper_cap: float | None) -> None:
-    """ValueError unless both eps are positive and finite and the cap (if any) is >= 1."""
+    """ValueError unless both eps are positive finite real numbers and the cap (if any) is one >= 1."""
     for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        if not (is_real_number(eps) and math.isfinite(eps) and eps > 0):
             raise ValueError(f"DCPO {name} must be a positive finite number, got {eps!r}")
-    if upper_cap is not None and not upper_cap >= 1.0:
-        raise ValueError(f"upper_cap must be >= 1, got {upper_cap!r}")
+    if upper_cap is not None and not (is_real_number(upper_cap) and upper_cap >= 1.0):
+        raise ValueError(f"upper_cap must be a number >= 1 or None, got {upper_cap!r}")
 
 
 @torch.no_grad()
 def dcpo_bounds(
-    old_log_probs: Tensor, eps_low: float = 0.16, eps_high: float = 0.20, upper_cap: float | None = 10.0
+    old_log_probs: Tensor,
+    eps_low: float = DCPO_DEFAULT_EPS[0],
+    eps_high: float = DCPO_DEFAULT_EPS[1],
+    upper_cap: float | None = 10.0,
 ) -> tuple[Tensor, Tensor]:
     """(lower, upper) DCPO ratio bounds, float32, same shape as `old_log_probs` (log pi_old)."""
     validate_dcpo(eps_low, eps_high, upper_cap)

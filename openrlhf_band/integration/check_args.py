@@ -9,6 +9,7 @@ stops at its first line of real work and hands back the validated arguments.
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 from collections.abc import Sequence
@@ -51,19 +52,34 @@ def validate_train_args(argv: Sequence[str]):
 
 
 def main(argv: Sequence[str]) -> int:
+    """Exactly one JSON document on stdout (the resolved loss configuration), everything else on
+    stderr: what OpenRLHF, DeepSpeed and others print while the parser runs goes there too, since
+    stdout's file descriptor points at stderr until the JSON is written."""
     from openrlhf_band.integration.flags import resolved_loss_config
 
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
     try:
-        args = validate_train_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0) or 2
-    except AssertionError as err:
-        print(f"openrlhf-band check-args: invalid arguments: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:  # OpenRLHF's own validation can fail with other errors on bad combinations
-        print(
-            f"openrlhf-band check-args: OpenRLHF rejected the arguments: {type(err).__name__}: {err}", file=sys.stderr
-        )
-        return 2
-    print(json.dumps(resolved_loss_config(args), indent=2))
+        try:
+            args = validate_train_args(argv)
+            config = resolved_loss_config(args)
+        except SystemExit as exit_:
+            return int(exit_.code or 0) or 2
+        except AssertionError as err:
+            print(f"openrlhf-band check-args: invalid arguments: {err}", file=sys.stderr)
+            return 2
+        except Exception as err:  # OpenRLHF's own validation can fail with other errors on bad combinations
+            print(
+                f"openrlhf-band check-args: OpenRLHF rejected the arguments: {type(err).__name__}: {err}",
+                file=sys.stderr,
+            )
+            return 2
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+    finally:
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
+    print(json.dumps(config, indent=2))
     return 0

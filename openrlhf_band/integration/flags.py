@@ -10,7 +10,7 @@ import functools
 import math
 
 from openrlhf_band.band.bounds import _validate
-from openrlhf_band.band.dcpo import dcpo_bounds, validate_dcpo
+from openrlhf_band.band.dcpo import DCPO_DEFAULT_EPS, dcpo_bounds, validate_dcpo
 from openrlhf_band.band.divergences import DIVERGENCES
 from openrlhf_band.functional import BACKENDS
 
@@ -24,6 +24,9 @@ BAND_DEFAULTS = {
     "backend": "auto",
 }
 BAND_RULES = ("trust_region", "dcpo")
+# the trust region's own knobs: they mean nothing to DCPO's rule, so with it they are refused
+TRUST_REGION_ONLY = {"divergence": "--band_divergence", "delta": "--band_delta", "relax": "--actor.band.relax"}
+
 
 def _upper_cap(text: str) -> float:
     # "none" parses to inf (no cap), not None: None means "flag not given, use the default"
@@ -39,8 +42,10 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("BandPO (openrlhf-band)")
     group.add_argument(
         "--actor.band.rule", default=None, choices=BAND_RULES,
-        help="trust_region: the f-divergence band (default); dcpo: DCPO's probability-dependent clip with "
-        "eps from --actor.eps_clip_low_high, through the same loss path",
+        help="trust_region: the f-divergence band (default); dcpo: DCPO's probability-dependent clip, through "
+        "the same loss path, with eps from --actor.eps_clip_low_high or else DCPO's published "
+        f"{DCPO_DEFAULT_EPS[0]:g} {DCPO_DEFAULT_EPS[1]:g} (not --actor.eps_clip); --actor.band.upper_cap applies "
+        "to it, --band_divergence, --band_delta and --actor.band.relax do not and are refused",
     )  # fmt: skip
     group.add_argument(
         "--actor.band.divergence", "--band_divergence", default=None, choices=DIVERGENCES,
@@ -78,16 +83,26 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
                 f"--actor.band.{given[0]} needs the band loss: add --actor.policy_loss_type band (or --loss band)"
             )
         return
+    if band.rule == "dcpo":
+        refused = [flag for key, flag in TRUST_REGION_ONLY.items() if key in given]
+        if refused:
+            parser.error(
+                f"{refused[0]} does not apply to --actor.band.rule dcpo (DCPO's bounds depend only on its eps): "
+                "drop it, or use --actor.band.rule trust_region"
+            )
     for key, default in BAND_DEFAULTS.items():
         if getattr(band, key, None) is None:
             setattr(band, key, default)
     if band.upper_cap == math.inf:
         band.upper_cap = None
+    band.dcpo_eps = None
     try:
         _validate(band.divergence, band.delta, band.upper_cap, band.relax)
-        if band.rule == "dcpo":  # eps come from --actor.eps_clip_low_high (OpenRLHF fills it later)
-            eps = args.actor.eps_clip_low_high or (args.actor.eps_clip, args.actor.eps_clip)
-            validate_dcpo(*eps, upper_cap=band.upper_cap)
+        if band.rule == "dcpo":  # OpenRLHF fills eps_clip_low_high from --actor.eps_clip later: read it now
+            given_eps = args.actor.eps_clip_low_high
+            band.dcpo_eps = tuple(given_eps) if given_eps is not None else DCPO_DEFAULT_EPS
+            band.dcpo_eps_source = "--actor.eps_clip_low_high" if given_eps is not None else "DCPO's published values"
+            validate_dcpo(*band.dcpo_eps, upper_cap=band.upper_cap)
     except ValueError as err:
         parser.error(f"--actor.band: {err}")
     if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:
@@ -106,7 +121,7 @@ def band_loss_kwargs(args) -> dict:
         "backend": band.backend,
     }
     if band.rule == "dcpo":
-        eps_low, eps_high = args.actor.eps_clip_low_high
+        eps_low, eps_high = band.dcpo_eps
         kwargs["bounds_fn"] = functools.partial(
             dcpo_bounds, eps_low=eps_low, eps_high=eps_high, upper_cap=band.upper_cap
         )
@@ -114,10 +129,10 @@ def band_loss_kwargs(args) -> dict:
 
 
 def resolved_loss_config(args) -> dict:
-    """The loss configuration a training run will use, as plain JSON-able values."""
+    """The loss configuration a training run will use, as plain JSON-able values: only what is in
+    effect (the band ignores the clip eps; DCPO ignores the trust region's divergence and delta)."""
     config = {
         "policy_loss_type": args.actor.policy_loss_type,
-        "eps_clip_low_high": list(args.actor.eps_clip_low_high),
         "dual_clip": args.actor.dual_clip,
         "loss_agg_mode": args.actor.loss_agg_mode,
         "advantage_estimator": args.algo.advantage.estimator,
@@ -127,15 +142,30 @@ def resolved_loss_config(args) -> dict:
             "init_coef": args.algo.kl.init_coef,
         },
         "entropy_coef": args.actor.entropy_coef,
+        "attention": {
+            "implementation": args.ds.attn_implementation,
+            "packing_samples": args.ds.packing_samples,
+        },
     }
-    if args.actor.policy_loss_type == "band":
-        kwargs = band_loss_kwargs(args)
-        kwargs.pop("bounds_fn", None)
+    if args.actor.policy_loss_type != "band":
+        config["eps_clip_low_high"] = list(args.actor.eps_clip_low_high)
+        return config
+    band = args.actor.band
+    if band.rule == "dcpo":
         config["band"] = {
-            **kwargs,
-            "rule": args.actor.band.rule,
-            "relax": list(kwargs["relax"]) if kwargs["relax"] else None,
+            "rule": "dcpo",
+            "dcpo_eps": list(band.dcpo_eps),
+            "dcpo_eps_source": band.dcpo_eps_source,
+            "upper_cap": band.upper_cap,
+            "backend": band.backend,
         }
-        if args.actor.band.rule == "dcpo":  # DCPO ignores divergence / delta; its eps are the clip eps
-            config["band"]["dcpo_eps"] = list(args.actor.eps_clip_low_high)
+    else:
+        config["band"] = {
+            "rule": band.rule,
+            "divergence": band.divergence,
+            "delta": band.delta,
+            "upper_cap": band.upper_cap,
+            "relax": list(band.relax) if band.relax is not None else None,
+            "backend": band.backend,
+        }
     return config

@@ -8,9 +8,11 @@ exact binary value of each input log-probability, so input rounding is not part 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import band_exact as X
 import mpmath
+import numpy as np
 import pytest
 import torch
 from mpmath import mpf
@@ -389,3 +391,46 @@ def test_bad_upper_cap(cap):
 def test_bad_relax(relax):
     with pytest.raises(ValueError):
         band_bounds(torch.tensor([-1.0]), "kl", 0.05, relax=relax)
+
+
+@pytest.mark.parametrize(
+    "delta, cap", [(np.float32(0.05), np.float64(10.0)), (np.float64(0.05), np.int64(10)), (Fraction(1, 20), 10)]
+)
+def test_any_real_number_type_is_accepted(delta, cap):
+    x = torch.tensor([-1.0])
+    lower, upper = band_bounds(x, "kl", delta, upper_cap=cap, relax=(np.float32(0.2), 0.2))
+    want_lower, want_upper = band_bounds(x, "kl", float(delta), upper_cap=float(cap), relax=(0.2, 0.2))
+    assert torch.equal(lower, want_lower) and torch.equal(upper, want_upper)
+
+
+@pytest.mark.parametrize("bad", [True, False, np.True_, "0.05", None, torch.tensor(0.05)])
+def test_bools_strings_and_tensors_are_refused_with_value_error(bad):
+    with pytest.raises(ValueError):
+        band_bounds(torch.tensor([-1.0]), "kl", bad)
+    if bad is not None:
+        with pytest.raises(ValueError):
+            band_bounds(torch.tensor([-1.0]), "kl", 0.05, upper_cap=bad)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_both_loss_backends_validate_delta_even_with_given_bounds(backend, monkeypatch):
+    from openrlhf_band import functional
+
+    monkeypatch.setattr(functional, "_triton_usable", lambda device: True)  # validation comes first
+    x = torch.zeros(2, 3)
+    for bad in (-1.0, True, "0.05"):
+        with pytest.raises(ValueError, match="delta"):
+            functional.band_token_loss(x, x, x, delta=bad, backend=backend, bounds=(0.8, 1.2))
+    with pytest.raises(ValueError, match="dual_clip"):
+        functional.band_token_loss(x, x, x, dual_clip=True, backend=backend)
+
+
+def test_dcpo_takes_real_numbers_and_refuses_bools_and_strings():
+    from openrlhf_band.band.dcpo import dcpo_bounds
+
+    x = torch.tensor([-1.0, -3.0])
+    numpy_typed = dcpo_bounds(x, np.float32(0.16), np.float64(0.2), np.int64(10))
+    assert torch.equal(numpy_typed[1], dcpo_bounds(x, 0.16, 0.2, 10)[1])
+    for kwargs in ({"eps_low": True}, {"eps_high": "0.2"}, {"upper_cap": "10"}, {"upper_cap": True}):
+        with pytest.raises(ValueError):
+            dcpo_bounds(x, **kwargs)

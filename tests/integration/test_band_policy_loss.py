@@ -122,6 +122,20 @@ def test_metrics_reduce_exactly_under_token_weighted_averaging():
         torch.testing.assert_close(reduced, value, msg=key)
 
 
+def test_the_readme_metrics_table_lists_exactly_the_emitted_keys():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Metrics") : readme.index("**Against the paper's curves.**")]
+    table = [line for line in section.splitlines() if line.startswith("| `band/")]
+    documented = {key for line in table for key in re.findall(r"`(band/[^`]+)`", line.split(" | ")[0])}
+    log_probs, old, _, adv, mask = make_batch(seed=3)
+    loss_fn = BandPolicyLoss(backend="torch")
+    loss_fn(log_probs, old, adv, action_mask=mask)
+    assert documented == set(loss_fn.band_metrics)
+
+
 def test_rejects_bad_options():
     with pytest.raises(ValueError, match="unknown divergence"):
         BandPolicyLoss(divergence="js")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from openrlhf_band.integration.check_args import validate_train_args
-from openrlhf_band.integration.flags import resolved_loss_config
+from openrlhf_band.integration.flags import band_loss_kwargs, resolved_loss_config
 from openrlhf_band.integration.patching import find_site_packages
 
 BASE = [
@@ -49,6 +49,36 @@ def test_cap_relax_and_recipe_flags_pass_through():
     assert cfg["kl_loss"] == {"use_loss": True, "estimator": "k3", "init_coef": 0.001}
 
 
+def test_check_args_stdout_is_one_json_document_and_the_same_every_time():
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "check-args", "--", *BASE, "--loss", "band"]
+    runs = [subprocess.run(cmd, capture_output=True, timeout=300) for _ in range(2)]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout
+    assert json.loads(runs[0].stdout.decode())["band"]["rule"] == "trust_region"
+
+
+def test_dcpo_refuses_the_trust_region_flags(capsys):
+    for flag in (["--band_divergence", "chi2"], ["--band_delta", "0.1"], ["--actor.band.relax", "0.2", "0.2"]):
+        with pytest.raises(SystemExit) as exit_:
+            validate_train_args([*BASE, "--loss", "band", "--actor.band.rule", "dcpo", *flag])
+        assert exit_.value.code == 2
+        assert f"{flag[0]} does not apply to --actor.band.rule dcpo" in capsys.readouterr().err
+
+
+def test_dcpo_eps_default_to_dcpos_published_values_and_the_json_says_so():
+    cfg = config("--loss", "band", "--actor.band.rule", "dcpo", "--actor.band.upper_cap", "5")
+    assert cfg["band"] == {
+        "rule": "dcpo", "dcpo_eps": [0.16, 0.2], "dcpo_eps_source": "DCPO's published values",
+        "upper_cap": 5.0, "backend": "auto",
+    }  # fmt: skip
+    assert "eps_clip_low_high" not in cfg  # the band does not use the clip eps: not shown as if in effect
+    cfg = config("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_low_high", "0.1", "0.3")
+    assert cfg["band"]["dcpo_eps"] == [0.1, 0.3] and cfg["band"]["dcpo_eps_source"] == "--actor.eps_clip_low_high"
+    args = validate_train_args([*BASE, "--loss", "band", "--actor.band.rule", "dcpo"])
+    bounds_fn = band_loss_kwargs(args)["bounds_fn"]
+    assert (bounds_fn.keywords["eps_low"], bounds_fn.keywords["eps_high"]) == (0.16, 0.2)
+
+
 def test_default_loss_is_untouched():
     cfg = config()
     assert cfg["policy_loss_type"] == "ppo" and "band" not in cfg
@@ -79,7 +109,7 @@ def test_check_args_command_prints_json_and_fails_cleanly():
     cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "check-args", "--", *BASE, "--loss", "band"]
     done = subprocess.run([*cmd, "--band_divergence", "chi2"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout[done.stdout.index("{") :])["band"]["divergence"] == "chi2"
+    assert json.loads(done.stdout)["band"]["divergence"] == "chi2"  # stdout is one JSON document
     done = subprocess.run([*cmd, "--band_delta", "-1"], capture_output=True, text=True)
     assert done.returncode == 2 and "delta must be a positive finite number" in done.stderr
 

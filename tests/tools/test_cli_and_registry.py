@@ -100,3 +100,32 @@ def test_bench_bounds_writes_results(tmp_path, monkeypatch, capsys):
     assert result["max_rel_error_vs_float64"]["band-kl"] < 1e-6
     assert result["max_rel_error_vs_float64"]["authors-kl"] > 1e-3
     assert "targets" in capsys.readouterr().out
+
+
+NOISE = ("The pynvml package is deprecated", "Failed to load CPU gemm_4bit_forward", "Setting accelerator to CPU")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bounds", "--p", "0.1"],
+        ["check-args", "--", "--actor.model_name_or_path", "m", "--loss", "band", "--reward.remote_url", "r.py"],
+    ],
+    ids=["bounds", "check-args"],
+)
+def test_start_up_prints_no_third_party_noise(argv):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "openrlhf_band.tools.cli", *argv], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not [line for line in done.stderr.splitlines() if any(n in line for n in NOISE)], done.stderr
+
+
+def test_real_errors_still_show():
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "check-args", "--", "--loss", "band", "--band_delta", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 2 and "delta must be a positive finite number" in done.stderr
