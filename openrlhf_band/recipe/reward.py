@@ -35,20 +35,22 @@ Label format (decided by this project; `make_label` writes both):
 Robustness: `reward_func` never raises and returns within `OPENRLHF_BAND_REWARD_TIMEOUT` seconds
 (default 1.5) of verification time per sample on any output, from any thread. math-verify's own
 timeouts use `signal.alarm`, which only works in the main thread, so they are disabled; the
-parse/verify runs in a small persistent pool of worker processes (fresh interpreters running this
-file with `--verify-worker`; no pickling, no re-import of the parent's `__main__`). Each worker
-interrupts itself (SIGALRM, in its own main thread) after 75% of the deadline; a worker that has not
-answered by the deadline (stuck in C, e.g. a big-integer power) is killed and replaced in the
-background. Cheap pre-filters: only the response's tail is searched, answers over
-`MAX_ANSWER_CHARS` count as no answer, and identical strings or two plain integers are decided
-without a worker. The pool starts lazily (its first use waits for the workers to import
-math-verify, about a second), is per process (re-created after a fork) and is shut down at exit.
-Waiting for a free worker is bounded separately (`OPENRLHF_BAND_REWARD_ACQUIRE_TIMEOUT`, default
-60 s); a sample that gets none is scored as not equivalent and counted in `verify_timeout`.
+parse/verify runs in a pool of worker processes, pebble's `ProcessPool` (spawned interpreters running
+`openrlhf_band.recipe.verify`). Each worker interrupts itself (SIGALRM, in its own main thread) after
+75% of the deadline; a worker that has not answered by the deadline (stuck in C, e.g. a big-integer
+power) is killed by pebble and replaced, and so is one that dies. Cheap pre-filters: only the
+response's tail is searched, answers over `MAX_ANSWER_CHARS` count as no answer, and identical
+strings or two plain integers are decided without a worker. The pool starts lazily (its first use
+waits for the workers to import math-verify, a few seconds), is per process (re-created after a fork)
+and is shut down at exit. Waiting for a free worker is bounded separately
+(`OPENRLHF_BAND_REWARD_ACQUIRE_TIMEOUT`, default 60 s): a sample that no worker takes in that time is
+scored as not equivalent and counted in `verify_timeout`, and the pool, evidently not taking tasks,
+is replaced.
 
-Environment: OPENRLHF_BAND_REWARD_WORKERS (pool size; default min(4, max(2, CPUs))),
-OPENRLHF_BAND_REWARD_TIMEOUT, OPENRLHF_BAND_REWARD_ACQUIRE_TIMEOUT, OPENRLHF_BAND_REWARD_WORKER_MEM_MB
-(address-space cap per worker, default 4096; 0 = none). POSIX only.
+Environment: OPENRLHF_BAND_REWARD_WORKERS (pool size; default one per usable CPU, at least 2 and at
+most `DEFAULT_MAX_WORKERS` = 8 per scoring process), OPENRLHF_BAND_REWARD_TIMEOUT,
+OPENRLHF_BAND_REWARD_ACQUIRE_TIMEOUT, OPENRLHF_BAND_REWARD_WORKER_MEM_MB (address-space cap per
+worker, default 4096; 0 = none). POSIX only.
 """
 
 from __future__ import annotations
@@ -56,11 +58,10 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import multiprocessing.util
 import os
-import queue
 import re
-import select
-import subprocess
+import signal
 import sys
 import threading
 import time
@@ -78,8 +79,7 @@ DEFAULT_TIMEOUT = 1.5  # seconds of verification per sample in reward_func
 SOFT_TIMEOUT_FRACTION = 0.75  # the worker interrupts itself at this fraction of the deadline
 ACCURACY_MODE = "accuracy"
 
-_WORKER_FLAG = "--verify-worker"
-_STARTUP_TIMEOUT = 120.0
+DEFAULT_MAX_WORKERS = 8  # per scoring process; see the README's reward section for the measured rate
 _logger = logging.getLogger(__name__)
 
 # Special tokens that `decode(..., skip_special_tokens=False)` leaves in the query (Qwen/Llama-3
@@ -187,113 +187,7 @@ def _parse_label(label: Any) -> tuple[str | None, bool]:
     return None, False
 
 
-# ----------------------------------------------------------------------------- the worker process
-
-
-class _SoftTimeout(BaseException):
-    """Raised in a worker by its own SIGALRM; a BaseException so math-verify's `except Exception` lets it through."""
-
-
-def _worker_checker():
-    """Build the worker's check function (imports math-verify and sympy)."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-    from sympy import Basic, MatrixBase
-
-    config = [LatexExtractionConfig(), ExprExtractionConfig()]
-
-    def squash(text: str) -> str:
-        return re.sub(r"[\s,]", "", text)
-
-    def parse_side(text: str) -> list:
-        candidates = parse("$" + text + "$", extraction_config=config, parsing_timeout=None)
-        if not any(isinstance(c, (Basic, MatrixBase)) for c in candidates):
-            # The raw string, accepted only when the expression parser consumed all of it: a partial
-            # match (`3` out of `3x`) would make a wrong answer equal to the label.
-            raw = parse(text, extraction_config=config, parsing_timeout=None)
-            if len(raw) >= 2 and isinstance(raw[0], (Basic, MatrixBase)) and squash(str(raw[1])) == squash(text):
-                candidates = raw
-        return candidates
-
-    def check(answer: str, label: str) -> bool:
-        gold = parse_side(label)
-        if not gold:
-            return False
-        pred = parse_side(answer)
-        if not pred:
-            return False
-        return bool(verify(gold, pred, timeout_seconds=None))
-
-    return check
-
-
-def _worker_main(argv: Sequence[str]) -> int:
-    """Serve checks: one JSON request per line on stdin, one JSON reply per line on the protocol fd."""
-    import signal
-    import warnings
-
-    parent = int(argv[0]) if argv and argv[0].isdigit() else 0
-    if parent and os.getppid() != parent:
-        return 0
-
-    def watch_parent():  # exit when the parent is gone, even in the middle of a computation
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    if parent:
-        threading.Thread(target=watch_parent, daemon=True).start()
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        mem_mb = int(os.environ.get("OPENRLHF_BAND_REWARD_WORKER_MEM_MB", "4096"))
-        if mem_mb > 0:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
-    except Exception:
-        pass
-    # Replies go to a private copy of stdout; anything a library prints goes to stderr instead.
-    reply_fd = os.dup(1)
-    os.dup2(2, 1)
-    logging.disable(logging.CRITICAL)
-    warnings.simplefilter("ignore")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def on_alarm(signum, frame):
-        raise _SoftTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    check = _worker_checker()
-    check("\\frac{1}{2}", "0.5")  # warm the parsers' lazy imports and caches
-
-    def reply(obj: dict) -> None:
-        data = (json.dumps(obj) + "\n").encode()
-        while data:
-            data = data[os.write(reply_fd, data) :]
-
-    reply({"ready": True})
-    stdin = sys.stdin.buffer
-    while True:
-        line = stdin.readline()
-        if not line:
-            return 0
-        response = {"id": None, "ok": False, "timeout": False}
-        try:
-            try:
-                request = json.loads(line)
-                response["id"] = request.get("id")
-                signal.setitimer(signal.ITIMER_REAL, max(0.01, float(request.get("t", 1.0))))
-                response["ok"] = check(str(request["a"]), str(request["l"]))
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _SoftTimeout:
-            response["ok"], response["timeout"] = False, True
-        except Exception:
-            response["ok"] = False
-        reply(response)
-
-
-# ----------------------------------------------------------------------------- the pool (parent side)
+# ----------------------------------------------------------------------------- the pool
 
 
 def _env_float(name: str, default: float) -> float:
@@ -303,197 +197,97 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
-class _Worker:
-    def __init__(self, script: str):
-        env = dict(os.environ)
-        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, script, _WORKER_FLAG, str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,  # no terminal SIGINT; exits on stdin EOF or when the parent dies
-            env=env,
-            bufsize=0,
-        )
-        self._in_fd = self.proc.stdin.fileno()
-        self._out_fd = self.proc.stdout.fileno()
-        self._buf = bytearray()
-        self._seq = 0
-
-    def _readline(self, deadline: float) -> bytes | None:
-        poller = select.poll()  # not select.select: Ray processes can have fds above FD_SETSIZE
-        poller.register(self._out_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while True:
-            newline = self._buf.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._buf[:newline])
-                del self._buf[: newline + 1]
-                return line
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not poller.poll(max(1, int(remaining * 1000))):
-                return None
-            chunk = os.read(self._out_fd, 65536)
-            if not chunk or len(self._buf) > (1 << 20):
-                return None
-            self._buf += chunk
-
-    def wait_ready(self, timeout: float) -> bool:
-        line = self._readline(time.monotonic() + timeout)
-        try:
-            return line is not None and json.loads(line).get("ready") is True
-        except ValueError:
-            return False
-
-    def check(self, answer: str, label: str, timeout: float) -> tuple[bool, bool, bool]:
-        """(equivalent, timed_out, healthy); an unhealthy worker must be killed."""
-        deadline = time.monotonic() + timeout
-        self._seq += 1
-        request = {"id": self._seq, "a": answer, "l": label, "t": timeout * SOFT_TIMEOUT_FRACTION}
-        data = (json.dumps(request) + "\n").encode()
-        try:
-            while data:
-                data = data[os.write(self._in_fd, data) :]
-        except OSError:
-            return False, False, False
-        while True:
-            line = self._readline(deadline)
-            if line is None:
-                return False, True, False
-            try:
-                response = json.loads(line)
-            except ValueError:
-                return False, False, False
-            if response.get("id") == self._seq:
-                return response.get("ok") is True, response.get("timeout") is True, True
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-        except Exception:
-            pass
-
-    def reap(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except Exception:
-                pass
-        try:
-            self.proc.wait(timeout=5)
-        except Exception:
-            pass
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()  # EOF: the worker exits
-        except Exception:
-            pass
-        self.kill()
-        self.reap()
-
-
 class _Pool:
-    def __init__(self, size: int, script: str):
+    """This process's math-verify workers: a pebble `ProcessPool` of spawned interpreters.
+
+    pebble kills a worker whose task outlives its timeout and starts a replacement; a worker that
+    dies is replaced the same way. A task that no worker starts within the acquire timeout means the
+    workers are not taking tasks at all (stopped, wedged between tasks): the whole pool is replaced.
+    """
+
+    def __init__(self, size: int):
+        import multiprocessing
+
+        import pebble
+
+        from openrlhf_band.recipe import verify
+
         self.pid = os.getpid()
         self.size = size
-        self._script = script
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._lock = threading.Lock()
-        self._workers: set[_Worker] = set()
-        self._dead_slots = 0
-        self._closed = False
-        for _ in range(size):
-            self._respawn(None)
-
-    @property
-    def broken(self) -> bool:
-        return self._dead_slots >= self.size
-
-    def _respawn(self, old: _Worker | None) -> None:
-        threading.Thread(target=self._spawn, args=(old,), daemon=True, name="reward-verify-spawn").start()
-
-    def _spawn(self, old: _Worker | None) -> None:
-        if old is not None:
-            old.reap()
-            with self._lock:
-                self._workers.discard(old)
-        for attempt in range(3):
-            if self._closed:
-                return
-            worker = None
-            try:
-                worker = _Worker(self._script)
-                with self._lock:
-                    if self._closed:
-                        worker.close()
-                        return
-                    self._workers.add(worker)
-                if worker.wait_ready(_STARTUP_TIMEOUT):
-                    self._idle.put(worker)
-                    return
-            except Exception:
-                _logger.warning("reward: could not start a math-verify worker", exc_info=True)
-            if worker is not None:
-                worker.close()
-                with self._lock:
-                    self._workers.discard(worker)
-            time.sleep(0.5 * (attempt + 1))
-        with self._lock:
-            self._dead_slots += 1
-        _logger.error(
-            "reward: a math-verify worker failed to start 3 times; %d of %d slots dead", self._dead_slots, self.size
+        self._verify = verify
+        mem_mb = int(_env_float("OPENRLHF_BAND_REWARD_WORKER_MEM_MB", 4096))
+        # spawn, not fork: the parent is a threaded Ray / vLLM process, which fork would copy mid-flight
+        self._pool = pebble.ProcessPool(
+            max_workers=size,
+            initializer=verify.init_worker,
+            initargs=(self.pid, mem_mb),
+            context=multiprocessing.get_context("spawn"),
         )
 
-    def ready_count(self) -> int:
-        return self._idle.qsize()
+    def worker_pids(self) -> set[int]:
+        """The live workers' pids (pebble keeps them in its worker manager)."""
+        try:
+            return {pid for pid, proc in self._pool._pool_manager.worker_manager.workers.items() if proc.is_alive()}
+        except Exception:
+            return set()
 
     def check(self, answer: str, label: str, timeout: float, acquire_timeout: float) -> tuple[bool, bool]:
         """(equivalent, timed_out)."""
-        give_up = time.monotonic() + acquire_timeout
-        worker = None
-        while worker is None:
-            if self._closed or self.broken:
-                return False, True
-            remaining = give_up - time.monotonic()
-            if remaining <= 0:
-                _logger.warning("reward: no free math-verify worker within %.0f s; scored as wrong", acquire_timeout)
-                return False, True
-            try:
-                worker = self._idle.get(timeout=min(0.5, remaining))
-            except queue.Empty:
-                pass
-        healthy = False
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         try:
-            equivalent, timed_out, healthy = worker.check(answer, label, timeout)
-            return equivalent, timed_out
-        except Exception:
+            future = self._pool.schedule(
+                self._verify.check, args=(answer, label, timeout * SOFT_TIMEOUT_FRACTION), timeout=timeout
+            )
+        except Exception:  # pebble's pool is broken or stopped: a new one for the next check
+            _replace_pool(self)
+            return False, True
+        try:  # pebble ends a started check at `timeout`; the rest of the wait is for a free worker
+            return future.result(timeout=acquire_timeout + timeout)
+        except FutureTimeout:
+            if future.running() or future.done():  # pebble's deadline: the worker is killed and replaced
+                return False, True
+            future.cancel()  # no worker took it: the pool is not taking tasks at all
+            _logger.warning("reward: no math-verify worker took a check in %.0f s; scored as wrong", acquire_timeout)
+            _replace_pool(self)
+            return False, True
+        except Exception:  # the worker died (pebble.ProcessExpired), the pool was stopped, ...
             return False, False
-        finally:
-            if healthy and not self._closed:
-                self._idle.put(worker)
-            else:
-                worker.kill()
-                self._respawn(worker)
+
+    def ping_all(self) -> set[int]:
+        """The pids of the workers that answer one round of pings (each holds its ping briefly, so
+        that one ready worker cannot take them all; a worker answers only after its start-up)."""
+        from concurrent.futures import wait
+
+        pings = [self._pool.schedule(self._verify.ping, args=(0.05,), timeout=10.0) for _ in range(self.size)]
+        done, _ = wait(pings, timeout=2.0)
+        return {ping.result() for ping in done if ping.exception() is None}
 
     def close(self) -> None:
-        self._closed = True
-        with self._lock:
-            workers = list(self._workers)
-            self._workers.clear()
-        for worker in workers:
-            worker.close()
+        try:
+            self._pool.stop()
+            self._pool.join(timeout=10)
+        except Exception:
+            pass
 
 
 _POOL: _Pool | None = None
 _POOL_LOCK = threading.Lock()
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _pool_size() -> int:
+    """OPENRLHF_BAND_REWARD_WORKERS, else one worker per usable CPU up to DEFAULT_MAX_WORKERS (at least 2)."""
     try:
         return max(1, int(os.environ["OPENRLHF_BAND_REWARD_WORKERS"]))
     except (KeyError, ValueError):
-        return min(4, max(2, os.cpu_count() or 2))
+        return max(2, min(DEFAULT_MAX_WORKERS, _usable_cpus()))
 
 
 def _get_pool() -> _Pool | None:
@@ -504,11 +298,30 @@ def _get_pool() -> _Pool | None:
     with _POOL_LOCK:
         if _POOL is None or _POOL.pid != os.getpid():  # first use, or inherited across a fork
             try:
-                _POOL = _Pool(_pool_size(), os.path.abspath(__file__))
+                _POOL = _Pool(_pool_size())
+                # also at the end of a multiprocessing child, which joins its non-daemon children
+                # (pebble's workers) before atexit handlers would run: stop them first
+                multiprocessing.util.Finalize(_POOL, _shutdown, exitpriority=100)
             except Exception:
                 _logger.error("reward: could not create the math-verify pool", exc_info=True)
                 return None
         return _POOL
+
+
+def _replace_pool(broken: _Pool) -> None:
+    """Drop a pool that takes no tasks: its workers are killed now (they may be stopped, so SIGTERM
+    would wait), pebble's threads wound down in the background; the next check starts a new pool."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is not broken:
+            return
+        _POOL = None
+    for pid in broken.worker_pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    threading.Thread(target=broken.close, daemon=True, name="reward-pool-close").start()
 
 
 def _shutdown() -> None:
@@ -526,12 +339,15 @@ atexit.register(_shutdown)
 def warmup(timeout: float = 60.0) -> bool:
     """Start the worker pool now and wait until all its workers are ready (True) or `timeout` passes."""
     try:
-        pool = _get_pool()
-        give_up = time.monotonic() + timeout
-        while pool is not None and not pool.broken and time.monotonic() < give_up:
-            if pool.ready_count() >= pool.size:
+        give_up, answered = time.monotonic() + timeout, set()
+        while time.monotonic() < give_up:
+            pool = _get_pool()
+            if pool is None:
+                return False
+            answered |= pool.ping_all()
+            alive = pool.worker_pids()
+            if len(alive) >= pool.size and alive <= answered:
                 return True
-            time.sleep(0.02)
         return False
     except Exception:
         return False
@@ -636,6 +452,4 @@ def _cli(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [_WORKER_FLAG]:
-        sys.exit(_worker_main(sys.argv[2:]))
     sys.exit(_cli(sys.argv[1:]))

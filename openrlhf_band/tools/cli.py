@@ -23,13 +23,17 @@ def _cmd_plot_bounds(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "bounds":
-        from openrlhf_band.tools.bench import bounds_bench
+    import importlib
 
-        return bounds_bench.main(args)
-    from openrlhf_band.tools.bench import kernel_bench
+    return importlib.import_module(f"openrlhf_band.tools.bench.{BENCHMARKS[args.what]}").main(args)
 
-    return kernel_bench.main(args)
+
+BENCHMARKS = {
+    "bounds": "bounds_bench",
+    "kernel": "kernel_bench",
+    "reward": "reward_bench",
+    "authors-rule": "authors_rule_bench",
+}
 
 
 def _cmd_patch(args: argparse.Namespace) -> int:
@@ -102,19 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
     bench_sub = p.add_subparsers(dest="what", required=True)
-    from openrlhf_band.tools.bench import bounds_bench
+    from openrlhf_band.tools.bench import authors_rule_bench, bounds_bench, kernel_bench, reward_bench
 
-    b = bench_sub.add_parser("bounds", help="band bounds vs fixed clipping vs the authors' solver")
-    bounds_bench.add_arguments(b)
-    from openrlhf_band.tools.bench import kernel_bench
-
-    k = bench_sub.add_parser("kernel", help="fused Band loss vs torch reference vs OpenRLHF PPO clipping")
-    kernel_bench.add_arguments(k)
+    for name, module, text in (
+        ("bounds", bounds_bench, "band bounds vs fixed clipping vs the authors' solver"),
+        ("kernel", kernel_bench, "fused Band loss vs torch reference vs OpenRLHF PPO clipping"),
+        ("reward", reward_bench, "reward scoring throughput against the number of math-verify workers"),
+        ("authors-rule", authors_rule_bench, "clip fractions: this band vs the authors' p > 1 - 1e-6 rule"),
+    ):
+        module.add_arguments(bench_sub.add_parser(name, help=text))
     p.set_defaults(func=_cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from openrlhf_band.tools.quiet import quiet_third_party_startup
+
+    quiet_third_party_startup()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
