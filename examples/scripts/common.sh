@@ -19,6 +19,8 @@
 #   EPISODES         --train.num_episodes     (default 1; set the step count via dataset size)
 #   DRY_RUN=1        validate the full argument list with `openrlhf-band check-args` and exit
 #   EXTRA_ARGS       appended to the argument list verbatim (word-split)
+#   ATTN             flash_attention_2 (with --ds.packing_samples) or sdpa (without); default: the
+#                    first where flash-attn is importable, else sdpa (the image's default build)
 set -euo pipefail
 
 launch() {
@@ -33,7 +35,18 @@ launch() {
   local vllm_tp="${VLLM_TP:-1}"
   local engines=$(( nnodes * gpus / vllm_tp ))
   local output_dir="${OUTPUT_ROOT:-./runs}/${METHOD}-seed${seed}"
-  local reward_py
+  local reward_py attn="${ATTN:-auto}"
+  # Packing (--ds.packing_samples) is OpenRLHF's flash-attn path (variable-length kernels); without
+  # flash-attn every micro-batch is padded to its longest sample instead. (transformers can mask
+  # packed rows for SDPA, but that combination is not verified here.)
+  if [[ "$attn" == auto ]]; then
+    if python3 -c 'import flash_attn' 2> /dev/null; then attn=flash_attention_2; else attn=sdpa; fi
+  fi
+  local attn_args=(--ds.attn_implementation "$attn")
+  if [[ "$attn" == flash_attention_2 ]]; then
+    attn_args+=(--ds.packing_samples)
+  fi
+  echo "[$METHOD] attention: ${attn_args[*]}" >&2
   reward_py="$(python3 -c 'import openrlhf_band.recipe.reward as r; print(r.__file__)')"
 
   local args=(
@@ -43,8 +56,7 @@ launch() {
     --vllm.num_engines "$engines" --vllm.tensor_parallel_size "$vllm_tp"
     --vllm.gpu_memory_utilization 0.6 --vllm.enable_sleep --ds.enable_sleep
     --train.colocate_all --ds.zero_stage 3 --ds.param_dtype bf16
-    --actor.gradient_checkpointing_enable --ds.packing_samples
-    --ds.attn_implementation flash_attention_2
+    --actor.gradient_checkpointing_enable "${attn_args[@]}"
     # GRPO with the paper's batch shape: 256 prompts x 16 samples, 4 optimizer steps per rollout
     --algo.advantage.estimator group_norm
     --rollout.batch_size 256 --rollout.n_samples_per_prompt 16

@@ -57,11 +57,19 @@ def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
         assert {k: config["band"][k] for k in band} == band
     if script == "clip_higher.sh":
         assert config["eps_clip_low_high"] == [0.2, 0.28]
-    if script == "dcpo.sh":
-        assert config["eps_clip_low_high"] == [0.16, 0.2]
+    if band is not None:  # the band ignores the clip eps, so they are not shown
+        assert "eps_clip_low_high" not in config
+    # no flash-attn in this environment: SDPA without packing (common.sh's detection)
+    assert config["attention"] == {"implementation": "sdpa", "packing_samples": False}
 
 
 def test_a_bad_extra_flag_fails_the_dry_run(tmp_path):
     env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), "EXTRA_ARGS": "--band_delta -1"}
     done = subprocess.run(["bash", str(SCRIPTS / "bandpo_kl.sh")], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode != 0 and "delta must be a positive finite number" in done.stderr
+
+
+def test_attn_override_turns_packing_on_with_flash_attention(tmp_path, monkeypatch):
+    monkeypatch.setitem(BASE_ENV, "ATTN", "flash_attention_2")
+    config = dry_run("bandpo_kl.sh", tmp_path)
+    assert config["attention"] == {"implementation": "flash_attention_2", "packing_samples": True}
