@@ -23,8 +23,10 @@ from openrlhf_band import DIVERGENCES, band_bounds  # noqa: E402
 from openrlhf_band.functional import band_token_loss  # noqa: E402
 
 
-def check_case(divergence, dtype, dual_clip, relax, upper_cap, shape, per_sequence_adv, seed=0):
+def check_case(divergence, dtype, dual_clip, relax, upper_cap, shape, per_sequence_adv, seed=0, per_token=False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    # the radius: the scalar, or per token log-uniform over [1e-4, 1] (the range the oracle tests cover)
+    delta = 10 ** (-4 * torch.rand(shape, device="cuda", generator=gen)) if per_token else 0.05
     old = -torch.rand(shape, device="cuda", generator=gen) * 12
     old[..., :3] = torch.tensor([0.0, -float("inf"), -1e-7], device="cuda")[: shape[-1]]
     new = (old.clamp(min=-30) + 0.4 * torch.randn(shape, device="cuda", generator=gen)).to(dtype)
@@ -36,13 +38,14 @@ def check_case(divergence, dtype, dual_clip, relax, upper_cap, shape, per_sequen
     new = torch.where(garbage, torch.full_like(new, float("nan")), new).requires_grad_(True)
     old = torch.where(garbage & (torch.rand(shape, device="cuda", generator=gen) > 0.5), float("inf"), old)
     upstream = torch.randn(shape, device="cuda", generator=gen)
-    kwargs = dict(divergence=divergence, dual_clip=dual_clip, relax=relax, upper_cap=upper_cap, return_bounds=True)
+    kwargs = dict(divergence=divergence, delta=delta, dual_clip=dual_clip, relax=relax, upper_cap=upper_cap,
+                  return_bounds=True)
     fused = band_token_loss(new, old, adv, mask, backend="triton", **kwargs)
     ref = band_token_loss(new, old, adv, mask, backend="torch", **kwargs)
     (g_fused,) = torch.autograd.grad(fused.loss, new, upstream)
     (g_ref,) = torch.autograd.grad(ref.loss, new, upstream)
     tol = dict(atol=1e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    lower, upper = band_bounds(old, divergence, 0.05, upper_cap=upper_cap, relax=relax)
+    lower, upper = band_bounds(old, divergence, delta, upper_cap=upper_cap, relax=relax)
     problems = []
     for name, a, b in [
         ("loss", fused.loss, ref.loss),
@@ -83,6 +86,12 @@ def main() -> int:
         report["cases"].append(
             {"divergence": divergence, "dtype": str(dtype), "dual_clip": dual, "relax": relax, "upper_cap": cap,
              "per_sequence_adv": per_seq, "problems": problems}
+        )  # fmt: skip
+    for divergence, dtype in itertools.product(DIVERGENCES, (torch.float32, torch.bfloat16)):
+        problems = check_case(divergence, dtype, 10.0, None, 10.0, (5, 4093), True, per_token=True)
+        failures += bool(problems)
+        report["cases"].append(
+            {"divergence": divergence, "dtype": str(dtype), "per_token_delta": True, "problems": problems}
         )  # fmt: skip
     for shape in [(1, 70000), (3, 47), (64, 8192)]:
         problems = check_case("kl", torch.float32, 10.0, None, 10.0, shape, False)

@@ -11,13 +11,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OPENRLHF_BAND_BENCH_DIR="$OU
 unset TRITON_INTERPRET
 status=0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > "$OUT/nvidia-smi.csv" 2>&1 || true
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
-timeout 240 python bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log" || status=1
-timeout 180 python -m openrlhf_band.tools.cli bench kernel --tokens 524288 4194304 --divergences kl chi2 tv --repeats 20 \
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
+timeout 240 python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log" || status=1
+timeout 180 python3 -m openrlhf_band.tools.cli bench kernel --tokens 524288 4194304 --divergences kl chi2 tv reverse_kl hellinger --repeats 20 \
   2>&1 | tee "$OUT/bench_kernel.log" || status=1
-timeout 60 python -m openrlhf_band.tools.cli bench bounds --device cuda --repeats 20 2>&1 | tee "$OUT/bench_bounds.log" || status=1
-if python -c "import pytest, hypothesis, mpmath" 2>/dev/null; then
-  OPENRLHF_BAND_TEST_DEVICE=cuda timeout 120 python -m pytest -q -p no:cacheprovider tests/test_band_loss_kernel.py \
+timeout 60 python3 -m openrlhf_band.tools.cli bench bounds --device cuda --repeats 20 2>&1 | tee "$OUT/bench_bounds.log" || status=1
+if python3 -c "import pytest, hypothesis, mpmath" 2>/dev/null; then
+  OPENRLHF_BAND_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_band_loss_kernel.py \
     2>&1 | tail -20 | tee "$OUT/pytest_kernel.log" || status=1
 else
   echo "pytest/hypothesis/mpmath not in this image: the pytest suite was not run on GPU" | tee "$OUT/pytest_kernel.log"

@@ -18,6 +18,25 @@ def _triton_usable(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _delta_view(delta: Tensor, log_probs: Tensor) -> Tensor:
+    """A per-token or per-sequence radius as a tensor that broadcasts to log_probs: (B,) against
+    (B, T) is per sequence, as for advantages; anything else must broadcast as it is."""
+    if not delta.is_floating_point():
+        raise ValueError(f"a per-token delta must be a floating-point tensor, got {delta.dtype}")
+    if delta.device != log_probs.device:
+        raise ValueError(f"delta is on {delta.device}, log_probs on {log_probs.device}")
+    if log_probs.dim() == 2 and delta.shape == (log_probs.shape[0],) != (log_probs.shape[1],):
+        delta = delta.unsqueeze(-1)
+    try:
+        torch.broadcast_shapes(delta.shape, log_probs.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"delta of shape {tuple(delta.shape)} does not fit log_probs of shape {tuple(log_probs.shape)}: "
+            "expected a number, per token (same shape), or per sequence (B, 1) / (B,)"
+        ) from None
+    return delta
+
+
 def band_token_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
@@ -25,7 +44,7 @@ def band_token_loss(
     action_mask: Tensor | None = None,
     *,
     divergence: str = "kl",
-    delta: float = 0.05,
+    delta: float | Tensor = 0.05,
     upper_cap: float | None = None,
     relax: tuple[float, float] | None = None,
     dual_clip: float | None = None,
@@ -41,7 +60,8 @@ def band_token_loss(
         old_log_probs: log pi_old, same shape, any float dtype; defines p and the band.
         advantages: per token (B, T) or per sequence (B, 1) / (B,).
         action_mask: (B, T), bool or 0/1 of any int/float dtype; None = all tokens count.
-        divergence, delta, upper_cap, relax: the band, as in `band_bounds`.
+        divergence, delta, upper_cap, relax: the band, as in `band_bounds`; delta is a number or a
+            tensor: per token (B, T), or per sequence (B, 1) / (B,), with no gradient.
         dual_clip: c > 1: for A < 0 the objective is floored at c * A (no gradient there).
         backend: "auto" (CUDA -> triton, otherwise torch), "triton" (CUDA, or CPU under
             TRITON_INTERPRET=1), or "torch".
@@ -57,7 +77,12 @@ def band_token_loss(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    _validate(divergence, delta, upper_cap, relax)  # on both backends, also when `bounds` replace the band
+    # on both backends, also when `bounds` replace the band
+    if isinstance(delta, Tensor):
+        _validate(divergence, 1.0, upper_cap, relax)
+        delta = _delta_view(delta, log_probs)
+    else:
+        _validate(divergence, delta, upper_cap, relax)
     if dual_clip is not None and not (is_real_number(dual_clip) and dual_clip > 1.0):
         raise ValueError(f"dual_clip must be > 1 (OpenRLHF's rule), got {dual_clip!r}")
     if old_log_probs.shape != log_probs.shape:

@@ -252,43 +252,145 @@ def _tabulated_bounds_float32(div: Divergence, delta: float, old_log_probs: Tens
     return lower, upper
 
 
-def _numeric_roots(div: Divergence, delta: float, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Unsaturated roots (lower, upper) as float64 ratios for a divergence without a closed form
-    (tabulated ones: table guess + Newton; the others: bisection + Newton)."""
+def _lower_log_root(div: Divergence, delta, x: Tensor, p: Tensor, one_minus_p: Tensor, log_one_minus_p: Tensor,
+                    bisect_steps: int, newton_steps: int, start: Tensor | None = None) -> Tensor:
+    """log q of the lower root (q < p), float64, from the bracket [log of the smallest float64, x]."""
+    zeros, ones = torch.zeros_like(x), torch.ones_like(x)
+    return _solve_root(
+        div, delta, x, p, one_minus_p, log_one_minus_p, offset=zeros, scale=ones,
+        lo=torch.full_like(x, _LOG_Q_FLOOR), hi=x, increasing=False,
+        bisect_steps=bisect_steps, newton_steps=newton_steps, start=start,
+    )  # fmt: skip
+
+
+def _solved_roots(div: Divergence, delta, x: Tensor, bisect_steps: int = _RUNTIME_BISECT_STEPS,
+                  newton_steps: int = _RUNTIME_NEWTON_STEPS) -> tuple[Tensor, Tensor]:
+    """Unsaturated (lower, upper) ratio roots solved at run time, float64, for any delta (a float or
+    a tensor of x's shape). Both are lower roots: the upper root's complement 1 - q_up is the lower
+    root of the mirrored pair (1 - p, 1 - q), since g(p, q) = g(1 - p, 1 - q) (Bernoulli symmetry).
+    So both are solved in log q and log(1 - q) respectively, the variables in which g is close to
+    linear as q -> 0 and q -> 1, where the roots of kl and reverse_kl crowd the edges."""
+    p, one_minus_p = torch.exp(x), -torch.expm1(x)
+    log_one_minus_p = torch.log(one_minus_p)
+    lower_log_q = _lower_log_root(div, delta, x, p, one_minus_p, log_one_minus_p, bisect_steps, newton_steps)
+    upper_log_1mq = _lower_log_root(div, delta, log_one_minus_p, one_minus_p, p, x, bisect_steps, newton_steps)
+    lower = torch.exp(lower_log_q - x)
+    upper = torch.neg(torch.expm1(upper_log_1mq)).div_(p)
+    at_zero = p == 0.0  # the brackets are empty at p = 0: [0, inf] as in Proposition 3's limit
+    return lower.masked_fill_(at_zero, 0.0), upper.masked_fill_(at_zero, math.inf)
+
+
+def _tabulated_numeric_roots(div: Divergence, delta: float, x: Tensor) -> tuple[Tensor, Tensor]:
+    """kl with a float delta and float64 output: the table's guess, then Newton to float64 precision."""
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
     log_one_minus_p = torch.log(one_minus_p)
     zeros, ones = torch.zeros_like(x), torch.ones_like(x)
-    if div.tabulate:  # float64: table guess, then Newton to float64 precision
-        upper_guess, lower_guess = _tabulated_roots(div, delta, x)
-        upper_log_q = _solve_root(
-            div, delta, x, p, one_minus_p, log_one_minus_p, offset=zeros, scale=ones, lo=x, hi=zeros,
-            increasing=True, bisect_steps=0, newton_steps=_NEWTON_STEPS, start=upper_guess,
-        )  # fmt: skip
-        lower_b = _solve_root(
-            div, delta, x, p, one_minus_p, log_one_minus_p, offset=x, scale=_table_lower_scale(p),
-            lo=zeros, hi=torch.full_like(x, div.lower_table_bracket(delta)), increasing=True,
-            bisect_steps=0, newton_steps=_NEWTON_STEPS, start=lower_guess,
-        )  # fmt: skip
-        return torch.exp(-lower_b / p), torch.exp(upper_log_q - x)
-
+    upper_guess, lower_guess = _tabulated_roots(div, delta, x)
     upper_log_q = _solve_root(
         div, delta, x, p, one_minus_p, log_one_minus_p, offset=zeros, scale=ones, lo=x, hi=zeros,
-        increasing=True, bisect_steps=_RUNTIME_BISECT_STEPS, newton_steps=_RUNTIME_NEWTON_STEPS,
+        increasing=True, bisect_steps=0, newton_steps=_NEWTON_STEPS, start=upper_guess,
     )  # fmt: skip
-    lower_log_q = _solve_root(
-        div, delta, x, p, one_minus_p, log_one_minus_p, offset=zeros, scale=ones,
-        lo=torch.full_like(x, _LOG_Q_FLOOR), hi=x, increasing=False,
-        bisect_steps=_RUNTIME_BISECT_STEPS, newton_steps=_RUNTIME_NEWTON_STEPS,
+    lower_b = _solve_root(
+        div, delta, x, p, one_minus_p, log_one_minus_p, offset=x, scale=_table_lower_scale(p),
+        lo=zeros, hi=torch.full_like(x, div.lower_table_bracket(delta)), increasing=True,
+        bisect_steps=0, newton_steps=_NEWTON_STEPS, start=lower_guess,
     )  # fmt: skip
-    lower, upper = torch.exp(lower_log_q - x), torch.exp(upper_log_q - x)
-    return lower, upper.masked_fill_(p == 0.0, math.inf)  # p = 0: the bracket [x, 0] is empty
+    return torch.exp(-lower_b / p), torch.exp(upper_log_q - x)
+
+
+# ---------------------------------------------------------------------------------------------- edge tables
+# A divergence that saturates (reverse_kl) has roots whose derivative in p blows up at the saturation
+# edges, so a table in p cannot be accurate there. In u = log(g_edge(p) - delta), the log-distance to
+# the edge, they are smooth: near the upper edge 1 - q_up ~ s / (c - log s) with s = e^u, so
+# log q_up -> 0 smoothly as u -> -inf, and far from it log q_up is close to linear in u. One cubic
+# Hermite table per root and delta over u in [_EDGE_U_MIN, _EDGE_U_MAX], 32 cells per unit (measured
+# against the mpmath oracle: <= 1.4e-7 relative in float32 for delta in [1e-3, 0.5]). Below
+# _EDGE_U_MIN (s < 9e-14) the root is the edge itself to float32 precision (the table's end value).
+_EDGE_U_MIN = -30.0
+_EDGE_U_MAX = 6.5  # g_edge - delta up to 665 (float32 inputs stop at 104); nodes beyond ~740 would underflow p
+_EDGE_CELLS_PER_UNIT = 32
+
+
+@functools.lru_cache(maxsize=64)
+def _edge_tables(name: str, delta: float, device: torch.device) -> Tensor:
+    """float64 coefficients [8, cells]: rows 0-3 cubic of log q_up over u = log(g_up_edge - delta),
+    rows 4-7 of log q_low over u = log(g_low_edge - delta)."""
+    div = get_divergence(name)
+    h = 1.0 / _EDGE_CELLS_PER_UNIT
+    cells = int(round((_EDGE_U_MAX - _EDGE_U_MIN) * _EDGE_CELLS_PER_UNIT))
+    u = _EDGE_U_MIN + h * torch.arange(-2, cells + 3, dtype=torch.float64)
+    coefficients = []
+    for which, inverse in zip(("upper", "lower"), div.edge_inverse):
+        x = inverse(delta + torch.exp(u))
+        lower, upper = _solved_roots(div, delta, x, bisect_steps=2 * _BISECT_STEPS, newton_steps=_NEWTON_STEPS)
+        values = torch.log(upper) + x if which == "upper" else torch.log(lower) + x  # log q
+        slopes = (values[:-4] - 8 * values[1:-3] + 8 * values[3:-1] - values[4:]) / 12
+        y = values[2:-2]
+        y0, y1, d0, d1 = y[:-1], y[1:], slopes[:-1], slopes[1:]
+        coefficients += [y0, d0, 3 * (y1 - y0) - 2 * d0 - d1, 2 * (y0 - y1) + d0 + d1]
+    table = torch.stack(coefficients)
+    if not torch.isfinite(table).all():
+        raise RuntimeError(f"the {name} edge table for delta={delta} has non-finite entries")  # a bug, not input
+    return table.contiguous().to(device)
+
+
+def _edge_table_bounds_float32(div: Divergence, delta: float, old_log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """float32 (lower, upper, upper saturated) for a divergence with edge tables: one lookup per
+    root, saturation by Proposition 3 (g at the edge <= delta), chunked like the kl fast path."""
+    table = _edge_tables(div.name, delta, old_log_probs.device)
+    cells = table.shape[1]
+    n = old_log_probs.numel()
+    device = old_log_probs.device
+    lower = torch.empty(n, dtype=torch.float32, device=device)
+    upper = torch.empty_like(lower)
+    saturated_up = torch.empty(n, dtype=torch.bool, device=device)
+    work = torch.empty((5, min(n, _CHUNK)), dtype=torch.float64, device=device)
+    cell_buffer = torch.empty(min(n, _CHUNK), dtype=torch.int32, device=device)
+    for start in range(0, n, _CHUNK):
+        stop = min(start + _CHUNK, n)
+        x, one_minus_p, t, value, scratch = (buffer[: stop - start] for buffer in work)
+        cell = cell_buffer[: stop - start]
+        x.copy_(old_log_probs[start:stop]).clamp_(max=0.0)
+        torch.expm1(x, out=one_minus_p).neg_()
+        for first_row, edge_value in ((0, div.g_at_upper_edge), (4, div.g_at_lower_edge)):
+            # edge-table divergences give their edge values from x and 1 - p alone (p is not computed)
+            distance = edge_value(x, None, one_minus_p).sub_(delta)  # <= 0 where saturated
+            torch.log(distance, out=t).sub_(_EDGE_U_MIN).mul_(_EDGE_CELLS_PER_UNIT)
+            t.nan_to_num_(nan=0.0, neginf=0.0).clamp_(0.0, float(cells))
+            cell.copy_(t).clamp_(max=cells - 1)  # float -> int truncates: floor, as t >= 0
+            t.sub_(cell)
+            log_ratio = _horner(table, first_row, cell, t, value, scratch).sub_(x)
+            saturated = torch.le(distance, 0.0, out=saturated_up[start:stop] if first_row == 0 else None)
+            if first_row == 0:  # saturated: exactly the edge, log(1/p) = -x
+                upper[start:stop] = torch.where(saturated, torch.neg(x, out=scratch), log_ratio, out=t).exp_()
+            else:
+                lower[start:stop] = log_ratio.exp_().masked_fill_(saturated, 0.0)
+    # p = 1 (log p >= 0) is the p -> 1 limit, which the table's end cell only approaches; nan stays nan
+    at_one, is_nan = old_log_probs >= 0, torch.isnan(old_log_probs)
+    lower = lower.masked_fill_(at_one, div.lower_at_p_one(delta)).masked_fill_(is_nan, math.nan)
+    return lower, upper.masked_fill_(at_one, 1.0).masked_fill_(is_nan, math.nan), saturated_up | at_one
+
+
+def _per_token_delta(delta: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """(delta, valid) as flat float64 tensors of the input's size; invalid entries (<= 0, nan, inf)
+    are replaced by 1 for the arithmetic and their bounds become nan afterwards."""
+    if not delta.is_floating_point():
+        raise ValueError(f"a per-token delta must be a floating-point tensor, got {delta.dtype}")
+    try:
+        flat = torch.broadcast_to(delta, shape).reshape(-1).to(torch.float64)
+    except RuntimeError:
+        raise ValueError(
+            f"delta of shape {tuple(delta.shape)} does not broadcast to old_log_probs of shape {tuple(shape)}"
+        ) from None
+    valid = torch.isfinite(flat) & (flat > 0)
+    return torch.where(valid, flat, 1.0), valid
 
 
 @torch.no_grad()
 def band_bounds(
     old_log_probs: Tensor,
     divergence: str = "kl",
-    delta: float = 0.05,
+    delta: float | Tensor = 0.05,
     *,
     upper_cap: float | None = None,
     relax: tuple[float, float] | None = None,
@@ -300,7 +402,9 @@ def band_bounds(
             float16 / bfloat16 / float32 / float64. Values slightly above 0 (rounding) count as 0;
             -inf means p = 0; NaN propagates to that element only.
         divergence: a name from `DIVERGENCES` ("kl", "tv", "chi2", "reverse_kl", "hellinger").
-        delta: trust-region radius, > 0 and finite (the paper uses 0.05).
+        delta: trust-region radius: a number > 0 (the paper uses 0.05), or a floating-point tensor
+            broadcastable to `old_log_probs` (per token, or per sequence as (B, 1)). A tensor is not
+            inspected on the host: an entry <= 0, nan or inf gives nan bounds for its token.
         upper_cap: optional cap on the upper bound (>= 1; the authors' runs use 10), applied last.
         relax: optional (eps_low, eps_high): take the union with [1 - eps_low, 1 + eps_high].
 
@@ -310,43 +414,78 @@ def band_bounds(
         g(p, 1/p) <= delta, lower == 0 iff g(p, 0) <= delta. p = 1 gives the p -> 1 limits and
         p = 0 gives [0, upper_cap or inf].
     """
-    div, delta = _validate(divergence, delta, upper_cap, relax)
+    lower, upper, _ = band_bounds_with_edge(old_log_probs, divergence, delta, upper_cap=upper_cap, relax=relax)
+    return lower, upper
+
+
+@torch.no_grad()
+def band_bounds_with_edge(
+    old_log_probs: Tensor,
+    divergence: str = "kl",
+    delta: float | Tensor = 0.05,
+    *,
+    upper_cap: float | None = None,
+    relax: tuple[float, float] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`band_bounds` plus `upper_at_edge` (bool, same shape): the upper bound is the simplex edge
+    1/p itself (saturated, or p = 1) and neither the cap nor relax moved it. No ratio a probability
+    can reach exceeds that bound, so the loss never clips there: compared as ratios, float32
+    rounding of exp(log q - log p) against float32(1/p) could say otherwise at q = 1."""
+    per_token = isinstance(delta, Tensor)
+    if per_token:
+        div, _ = _validate(divergence, 1.0, upper_cap, relax)
+    else:
+        div, delta = _validate(divergence, delta, upper_cap, relax)
     if not isinstance(old_log_probs, Tensor) or not old_log_probs.is_floating_point():
         raise ValueError("old_log_probs must be a floating-point torch.Tensor of log-probabilities")
     out_dtype = torch.float64 if old_log_probs.dtype == torch.float64 else torch.float32
     shape = old_log_probs.shape
+    flat = old_log_probs.detach().reshape(-1)
 
-    if div.tabulate and out_dtype == torch.float32:
-        lower, upper = _tabulated_bounds_float32(div, delta, old_log_probs.detach().reshape(-1))
-        return _relax_and_cap(lower, upper, relax, upper_cap, shape)
-    x = old_log_probs.detach().reshape(-1).to(torch.float64, copy=True).clamp_(max=0.0)
-    p = one_minus_p = None
-    if div.closed_form is None:
-        lower, upper = _numeric_roots(div, delta, x)
-    else:
-        p, one_minus_p = torch.exp(x), -torch.expm1(x)
+    if not per_token and out_dtype == torch.float32 and div.tabulate:
+        lower, upper = _tabulated_bounds_float32(div, delta, flat)
+        return _relax_and_cap(lower, upper, flat == 0, relax, upper_cap, shape)  # kl: the edge only at p = 1
+    if not per_token and out_dtype == torch.float32 and div.edge_inverse is not None:
+        lower, upper, at_edge = _edge_table_bounds_float32(div, delta, flat)
+        return _relax_and_cap(lower, upper, at_edge, relax, upper_cap, shape)
+
+    valid = None
+    if per_token:
+        delta, valid = _per_token_delta(delta, shape)
+    x = flat.to(torch.float64, copy=True).clamp_(max=0.0)
+    p, one_minus_p = torch.exp(x), -torch.expm1(x)
+    if div.closed_form is not None:
         lower, upper = div.closed_form(x, p, one_minus_p, delta)
+    elif div.tabulate and not per_token:
+        lower, upper = _tabulated_numeric_roots(div, delta, x)
+    else:
+        lower, upper = _solved_roots(div, delta, x)
 
+    at_one = x == 0.0
+    at_edge = at_one
     if div.g_at_upper_edge is not None:  # saturation (Proposition 3); kl never saturates
-        p = torch.exp(x) if p is None else p
-        one_minus_p = -torch.expm1(x) if one_minus_p is None else one_minus_p
         saturated_up = div.g_at_upper_edge(x, p, one_minus_p) <= delta
         upper = torch.where(saturated_up, torch.neg(x).exp_(), upper, out=upper)
         lower = lower.masked_fill_(div.g_at_lower_edge(x, p, one_minus_p) <= delta, 0.0)
+        at_edge = at_edge | saturated_up
     # p = 1 (log p = 0) is the p -> 1 limit, where the formulas meet 0 * inf; p = 0 comes out of
     # every formula above as [0, inf] (or its saturated equivalent) already
-    at_one = x == 0.0
-    lower = lower.masked_fill_(at_one, div.lower_at_p_one(delta))
+    lower = torch.where(at_one, div.lower_at_p_one(delta), lower)
     upper = upper.masked_fill_(at_one, 1.0)
+    if valid is not None:
+        lower, upper = lower.masked_fill_(~valid, math.nan), upper.masked_fill_(~valid, math.nan)
+        at_edge = at_edge & valid
+    return _relax_and_cap(lower.to(out_dtype), upper.to(out_dtype), at_edge, relax, upper_cap, shape)
 
-    return _relax_and_cap(lower.to(out_dtype), upper.to(out_dtype), relax, upper_cap, shape)
 
-
-def _relax_and_cap(lower: Tensor, upper: Tensor, relax, upper_cap, shape) -> tuple[Tensor, Tensor]:
-    """Union with the fixed interval, then the cap (in place), in the output's shape."""
+def _relax_and_cap(lower: Tensor, upper: Tensor, at_edge: Tensor, relax, upper_cap, shape):
+    """Union with the fixed interval, then the cap (in place), in the output's shape; the edge flag
+    survives only where neither moved the upper bound."""
     if relax is not None:
         lower = lower.clamp_(max=1.0 - float(relax[0]))
+        at_edge = at_edge & (upper >= 1.0 + float(relax[1]))
         upper = upper.clamp_(min=1.0 + float(relax[1]))
     if upper_cap is not None:
+        at_edge = at_edge & (upper <= float(upper_cap))
         upper = upper.clamp_(max=float(upper_cap))
-    return lower.reshape(shape), upper.reshape(shape)
+    return lower.reshape(shape), upper.reshape(shape), at_edge.reshape(shape)

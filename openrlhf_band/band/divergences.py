@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# (x, p, one_minus_p, delta) -> (lower, upper) ratio roots, unsaturated formulas
-ClosedForm = Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
+# (x, p, one_minus_p, delta) -> (lower, upper) ratio roots, unsaturated formulas; delta is a float
+# or a tensor of x's shape (per token)
+ClosedForm = Callable[[Tensor, Tensor, Tensor, "float | Tensor"], tuple[Tensor, Tensor]]
 # (x, p, one_minus_p) -> g at an edge of the simplex interval
 EdgeValue = Callable[[Tensor, Tensor, Tensor], Tensor]
 # (x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q) -> tensor
@@ -54,6 +55,12 @@ class Divergence:
             cubic table reproduces them to float32 precision and float32 inputs skip Newton.
         lower_table_bracket: for tabulated divergences, an upper bracket on B = p * log(1/r_low)
             as a function of delta (B is the bounded quantity the table stores for the lower root).
+        edge_inverse: for a numeric divergence that saturates, the inverses x = log p of its two
+            edge values, (g_at_upper_edge^-1, g_at_lower_edge^-1): with them each root is tabulated
+            over u = log(g_edge(p) - delta), the log-distance to its saturation edge, in which the
+            roots are smooth up to the edge (their derivative in p blows up there). Such a
+            divergence's edge functions must not use p (the table path passes p=None).
+        lower_at_p_one and the edge functions take delta as a float or a tensor (per token).
     """
 
     name: str
@@ -67,9 +74,18 @@ class Divergence:
     bernoulli_dg_dlogq: BernoulliFn | None = None
     tabulate: bool = False
     lower_table_bracket: Callable[[float], float] | None = None
+    edge_inverse: tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]] | None = None
 
 
 _REGISTRY: dict[str, Divergence] = {}
+
+
+def _exp(v):
+    return torch.exp(v) if isinstance(v, Tensor) else math.exp(v)
+
+
+def _at_least_zero(v):
+    return v.clamp(min=0.0) if isinstance(v, Tensor) else max(v, 0.0)
 
 
 def register_divergence(divergence: Divergence) -> Divergence:
@@ -110,7 +126,7 @@ register_divergence(
         generator=lambda u: -math.log(u) + u - 1.0,
         g_at_upper_edge=None,  # +inf for p < 1: never saturates inside (0, 1)
         g_at_lower_edge=None,
-        lower_at_p_one=lambda delta: math.exp(-delta),
+        lower_at_p_one=lambda delta: _exp(-delta),
         bernoulli_g=_kl_g,
         bernoulli_dg_dlogq=_kl_dg,
         tabulate=True,
@@ -136,7 +152,7 @@ register_divergence(
         generator=lambda u: abs(u - 1.0) / 2.0,
         g_at_upper_edge=lambda x, p, one_minus_p: one_minus_p,
         g_at_lower_edge=lambda x, p, one_minus_p: p,
-        lower_at_p_one=lambda delta: max(1.0 - delta, 0.0),
+        lower_at_p_one=lambda delta: _at_least_zero(1.0 - delta),
         closed_form=_tv_closed_form,
     )
 )
@@ -188,6 +204,8 @@ register_divergence(
         lower_at_p_one=lambda delta: 1.0,
         bernoulli_g=_reverse_kl_g,
         bernoulli_dg_dlogq=_reverse_kl_dg,
+        # -log p = g and -log(1 - p) = g, solved for log p
+        edge_inverse=(torch.neg, lambda g: torch.log1p(-torch.exp(-g))),
     )
 )
 
@@ -197,10 +215,15 @@ register_divergence(
 # q = sin^2 b, g = 2 - 2 cos(b - a), so the roots are b = a -+ theta with theta = 2 asin(sqrt(delta)/2):
 # sqrt(q) = sin(a -+ theta) = sqrt(p) cos(theta) -+ sqrt(1 - p) sin(theta), no trigonometry per token.
 # ---------------------------------------------------------------------------------------------
-def hellinger_angle(delta: float) -> tuple[float, float]:
-    """(cos theta, sin theta) of the Hellinger band's half-angle for radius delta."""
-    theta = 2.0 * math.asin(min(math.sqrt(delta) / 2.0, 1.0))
-    return math.cos(theta), math.sin(theta)
+def hellinger_angle(delta):
+    """(cos theta, sin theta) of the Hellinger band's half-angle theta = 2 asin(min(sqrt(delta) / 2, 1)),
+    without trigonometry: cos theta = 1 - delta / 2, sin theta = sqrt(delta (4 - delta)) / 2 (delta
+    capped at 4, where theta = pi). Floats in, floats out; a tensor in, tensors out (per token)."""
+    if isinstance(delta, Tensor):
+        d = delta.clamp(max=4.0)
+        return 1.0 - 0.5 * d, torch.sqrt(d * (4.0 - d)) * 0.5
+    d = min(delta, 4.0)
+    return 1.0 - 0.5 * d, 0.5 * math.sqrt(d * (4.0 - d))
 
 
 def _hellinger_closed_form(x, p, one_minus_p, delta):
@@ -218,7 +241,7 @@ register_divergence(
         # 2 - 2 sqrt(p) written without cancellation near p = 1 (and symmetrically)
         g_at_upper_edge=lambda x, p, one_minus_p: 2.0 * one_minus_p / (1.0 + torch.sqrt(p)),
         g_at_lower_edge=lambda x, p, one_minus_p: 2.0 * p / (1.0 + torch.sqrt(one_minus_p)),
-        lower_at_p_one=lambda delta: max(1.0 - delta / 2.0, 0.0) ** 2,
+        lower_at_p_one=lambda delta: _at_least_zero(1.0 - delta / 2.0) ** 2,
         closed_form=_hellinger_closed_form,
     )
 )

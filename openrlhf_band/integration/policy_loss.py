@@ -94,13 +94,17 @@ class BandPolicyLoss(nn.Module):
         dp_size: int = 1,
         batch_num_tokens: float | None = None,
         global_batch_size: float | None = None,
+        delta: float | Tensor | None = None,
     ):
+        """OpenRLHF's PolicyLoss.forward, plus `delta`: this call's radius, a number or a tensor per
+        token (B, T) / per sequence (B, 1) (no gradient); None uses the constructor's."""
         from openrlhf.models.loss import aggregate_loss
         from openrlhf.models.utils import masked_mean
 
         bounds = self.bounds_fn(old_log_probs) if self.bounds_fn is not None else None
         out = band_token_loss(
-            log_probs, old_log_probs, advantages, action_mask, divergence=self.divergence, delta=self.delta,
+            log_probs, old_log_probs, advantages, action_mask, divergence=self.divergence,
+            delta=self.delta if delta is None else delta,
             upper_cap=self.upper_cap, relax=self.relax, dual_clip=self.dual_clip, backend=self.backend,
             return_bounds=True, bounds=bounds,
         )  # fmt: skip

@@ -4,14 +4,45 @@ Layout follows Liger-Kernel: the Triton kernels and their launchers, one autogra
 `band_token_loss_triton` as the thin entry point (the public, backend-dispatching API is
 `openrlhf_band.band_token_loss`).
 
-Forward, per token, from one load of (log_probs, old_log_probs, advantage, mask):
+Forward, per token, from one load of (log_probs, old_log_probs, advantage, mask, delta):
     log-ratio clamped to [-20, 20] (as OpenRLHF), ratio, the band [lo, hi] from old_log_probs in
-    registers (closed forms for tv / chi2 / hellinger, the cubic table for kl, or bounds that
-    `band_bounds` precomputed for any other divergence), the clipped surrogate with optional
-    dual-clip, the clip flags, and the gradient coefficient d loss / d log_probs.
+    registers for every built-in divergence, the clipped surrogate with optional dual-clip, the
+    clip flags, and the gradient coefficient d loss / d log_probs.
 
-Backward stores nothing but that coefficient (float32): grad = upstream * coef. We chose storing
-it over both recomputing the forward and storing a 1-byte "unclipped" flag, by bytes moved per token:
+How the band is computed, chosen by bytes and flops per token on a GPU (an H200 moves ~4.8 TB/s
+and does ~34 fp64 / ~67 fp32 TFLOP/s; plain PPO clipping is memory-bound at ~34 B/token, forward
+plus backward, i.e. ~7 ns per 1,000 tokens):
+* The band is evaluated in float64 and rounded once to float32. The cost is a few dozen fp64
+  instructions per token, well under the time its bytes take to arrive; float32 would not be exact
+  enough: the kl table stores log q up to |40| for p = 1e-20, where one float32 ulp of it is 4e-6 in
+  the ratio, and 1 - delta / p cancels just above tv's saturation edge. The returned bounds agree
+  with 60-digit roots to float32 rounding (~6e-8 relative, tests/ops: <= 1e-6 max(exact, 1)).
+* tv, chi2, hellinger: closed forms (hellinger's half-angle without trigonometry, cos = 1 - d/2,
+  sin = sqrt(d (4 - d)) / 2), scalar or per-token delta alike: ~10 fp64 ops, no extra bytes
+  beyond a per-token delta's 4.
+* kl and reverse_kl with a scalar delta: one cubic Hermite table per (divergence, delta) shared by
+  all tokens (kl over w = log(-log p); reverse_kl over the log-distance to each saturation edge,
+  see `band_bounds`), 8 fp64 coefficients of 2 x ~1,200-3,400 cells (< 220 KiB, L2-resident):
+  two 32-byte gathers from L2 and two Horner evaluations per token, no iterations. Memory-bound
+  like clipping.
+* kl and reverse_kl with a per-token delta: no table covers a continuum of deltas at float32
+  precision in L2 (a 2-D bicubic table would need ~8 MB and 256 gathered bytes per token), so the
+  roots are solved in registers: both as lower roots (the upper root's 1 - q is the lower root of
+  the mirrored pair, so each is solved in the variable where g is close to linear), 20 bisection
+  and 8 bracketed Newton steps in float64, as `band_bounds` does (held to 1e-12 by the oracle
+  tests). That is ~28 x 2 x (3 fp64 transcendentals + ~10 ops) per token: compute-bound, estimated
+  at several times the memory time of plain clipping on an H200 (not measured: no GPU was lent).
+  A table of starting points with two Newton steps would cut it ~5x; it is the next step if the
+  measured cost matters.
+* Any other registered divergence: bounds precomputed by `band_bounds` and read (8 B/token more).
+
+Exact clip decisions at the simplex edge: where hi is the edge 1/p itself (a saturated bound, or
+p = 1), the upper clip is decided in log space, log r > -log p (q > 1), which is exact; comparing
+float32 r = exp(log q - log p) at q = 1 against float32(1/p) can land one ulp above it.
+
+Backward stores nothing but the gradient coefficient (float32): grad = upstream * coef. We chose
+storing it over both recomputing the forward and storing a 1-byte "unclipped" flag, by bytes moved
+per token:
     store coef:  forward writes 4 B more; backward reads coef + upstream, writes grad  = 12 B
     1-byte flag: forward writes 1 B more; backward re-reads log_probs, old, adv, mask = 21 B
     recompute:   backward re-reads the same 17 B and solves the band again            = 21 B+
@@ -19,14 +50,15 @@ so the coefficient moves the fewest bytes in total (16 vs 22 vs 21+) and leaves 
 is a pure streaming multiply. The coefficient is 0 at masked, clipped and dual-clipped tokens and
 where the log-ratio clamp is active, so masked positions get exactly 0 whatever upstream holds.
 
-All loads are upcast to float32; offsets are int64 (more than 2^31 tokens are safe); (B, T)
-inputs are read through their strides (no copies for non-contiguous views); per-sequence
-advantages are read with a zero column stride.
+All loads are upcast (float32, float64 for the radius); offsets are int64 (more than 2^31 tokens
+are safe); (B, T) inputs are read through their strides (no copies for non-contiguous views);
+per-sequence advantages and radii are read with a zero column stride, a scalar radius with zero
+strides. A per-token radius that is <= 0, nan or inf gives nan bounds for its token (masked
+tokens load 1 and stay exactly 0).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -35,28 +67,36 @@ import triton.language as tl
 from torch import Tensor
 
 from openrlhf_band.band.bounds import (
+    _EDGE_CELLS_PER_UNIT,
+    _EDGE_U_MIN,
     _TABLE_CELLS_PER_UNIT,
     _TABLE_W_MIN,
+    _edge_tables,
     _root_table,
     _validate,
     band_bounds,
 )
-from openrlhf_band.band.divergences import get_divergence, hellinger_angle
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
 
 # how the kernel gets the band: string options map to integer constexprs
-BOUNDS_PRECOMPUTED, BOUNDS_TV, BOUNDS_CHI2, BOUNDS_HELLINGER, BOUNDS_TABLE = 0, 1, 2, 3, 4
+BOUNDS_PRECOMPUTED, BOUNDS_TV, BOUNDS_CHI2, BOUNDS_HELLINGER = 0, 1, 2, 3
+BOUNDS_KL_TABLE, BOUNDS_EDGE_TABLE, BOUNDS_KL_SOLVE, BOUNDS_REVERSE_KL_SOLVE = 4, 5, 6, 7
 _IN_KERNEL_CLOSED_FORMS = {"tv": BOUNDS_TV, "chi2": BOUNDS_CHI2, "hellinger": BOUNDS_HELLINGER}
+_IN_KERNEL_SOLVERS = {"kl": BOUNDS_KL_SOLVE, "reverse_kl": BOUNDS_REVERSE_KL_SOLVE}
 
 # 1024 elements per program: enough independent loads in flight to saturate HBM on a GPU, and few
 # launches' worth of Python overhead for the CPU interpreter (~20 ms per program there).
 _BLOCK = 1024
+# the in-kernel root solver (per-token delta): as band_bounds' run-time solver, which the oracle
+# tests hold to 1e-12 in float64 for delta in [1e-4, 1] and p down to 1e-20
+_SOLVE_BISECT_STEPS = 20
+_SOLVE_NEWTON_STEPS = 8
 
 
 @triton.jit
 def _one_minus_exp(x):
     """1 - exp(x) for x <= 0 without cancellation near 0 (Kahan's expm1 trick; tl.math has no
-    expm1 in the CPU interpreter)."""
+    expm1 in the CPU interpreter). Works in the dtype of x."""
     u = tl.exp(x)
     um1 = u - 1.0
     safe_log = tl.where((u == 1.0) | (um1 == -1.0), 1.0, tl.log(u))
@@ -65,71 +105,153 @@ def _one_minus_exp(x):
 
 
 @triton.jit
+def _horner(table_ptr, first_row, cells, idx, t, valid):
+    """((c3 t + c2) t + c1) t + c0 from rows first_row..first_row + 3 of a float64 [8, cells] table."""
+    v = tl.load(table_ptr + (first_row + 3) * cells + idx, mask=valid, other=0.0)
+    v = v * t + tl.load(table_ptr + (first_row + 2) * cells + idx, mask=valid, other=0.0)
+    v = v * t + tl.load(table_ptr + (first_row + 1) * cells + idx, mask=valid, other=0.0)
+    return v * t + tl.load(table_ptr + first_row * cells + idx, mask=valid, other=0.0)
+
+
+@triton.jit
+def _table_position(u, u_min, cells_per_unit, cells):
+    """(cell index, t in [0, 1]) of a float64 coordinate u; nan lands anywhere (its output is masked)."""
+    pos = (u - u_min) * cells_per_unit
+    pos = tl.where(pos == pos, pos, 0.0)
+    pos = tl.minimum(tl.maximum(pos, 0.0), cells * 1.0)
+    cell = tl.minimum(tl.floor(pos), cells - 1.0)
+    return cell.to(tl.int64), pos - cell
+
+
+@triton.jit
+def _bernoulli_residual(x, p, one_minus_p, log_one_minus_p, log_q, delta, REVERSE: tl.constexpr):
+    """(g(p, q) - delta, d g / d log q) for kl (REVERSE=False) or reverse_kl, float64."""
+    q = tl.exp(log_q)
+    one_minus_q = _one_minus_exp(log_q)
+    log_one_minus_q = tl.log(one_minus_q)
+    if REVERSE:
+        # (1 - q) log(1 - q) is 0 at q = 1, not 0 * -inf
+        xlogx = tl.where(one_minus_q > 0.0, one_minus_q * log_one_minus_q, 0.0)
+        g = q * (log_q - x) + xlogx - one_minus_q * log_one_minus_p
+        dg = q * ((log_q - x) - (log_one_minus_q - log_one_minus_p))
+    else:
+        g = p * (x - log_q) + one_minus_p * (log_one_minus_p - log_one_minus_q)
+        dg = (q - p) / one_minus_q
+    return g - delta, dg
+
+
+@triton.jit
+def _lower_log_root(x, p, one_minus_p, log_one_minus_p, delta, REVERSE: tl.constexpr,
+                    BISECT: tl.constexpr, NEWTON: tl.constexpr):  # fmt: skip
+    """log q of the lower root (q < p) of g(p, q) = delta, float64: bisection on
+    [log of the smallest float64, x], then Newton kept inside the bracket (band_bounds' solver)."""
+    lo = x * 0.0 - 745.0
+    hi = x
+    for _ in tl.static_range(BISECT):  # g decreases in log q on this branch
+        mid = 0.5 * (lo + hi)
+        r, _d = _bernoulli_residual(x, p, one_minus_p, log_one_minus_p, mid, delta, REVERSE)
+        lo = tl.where(r > 0.0, mid, lo)
+        hi = tl.where(r > 0.0, hi, mid)
+    v = 0.5 * (lo + hi)
+    for _ in tl.static_range(NEWTON):
+        r, d = _bernoulli_residual(x, p, one_minus_p, log_one_minus_p, v, delta, REVERSE)
+        lo = tl.where(r < 0.0, lo, v)
+        hi = tl.where(r < 0.0, v, hi)
+        candidate = v - r / d
+        inside = (candidate >= lo) & (candidate <= hi)
+        v = tl.where(inside, candidate, 0.5 * (lo + hi))
+    return v
+
+
+@triton.jit
 def _band(
-    x, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, delta, cos_theta, sin_theta,
-    KIND: tl.constexpr, CELLS_PER_UNIT: tl.constexpr, W_MIN: tl.constexpr,
+    x, delta, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
+    KIND: tl.constexpr, BISECT: tl.constexpr, NEWTON: tl.constexpr,
 ):  # fmt: skip
-    """Unclamped band [lo, hi] for x = log p <= 0 (float32), same rules as `band_bounds`."""
+    """Unclamped band [lo, hi] and `at_edge` (hi is the simplex edge 1/p itself) for x = log p <= 0,
+    with the rules of `band_bounds`. x and delta are float64 (delta per token, or the scalar); the
+    band is computed in float64 (cancellation in 1 - delta / p, in log q - log p for p ~ 1e-20,
+    in the solver's residual) and returned as float32."""
+    inv_p = tl.exp(-x)  # float64: finite down to log p = -709 (float32 inputs stop at -104)
     if KIND == 0:
-        lo = tl.load(lo_ptr + offs, mask=valid, other=1.0).to(tl.float32)
-        hi = tl.load(hi_ptr + offs, mask=valid, other=1.0).to(tl.float32)
-    elif KIND == 4:
-        # cubic table over w = log(-x): rows c0..c3 of A = log q_up, then of B = p log(1/r_low)
-        pos = (tl.log(-x) - W_MIN) * CELLS_PER_UNIT
-        pos = tl.where(pos == pos, pos, 0.0)  # nan -> any cell; its output is nan anyway
-        pos = tl.minimum(tl.maximum(pos, 0.0), cells * 1.0)
-        cell = tl.minimum(tl.floor(pos), cells - 1.0)
-        t = pos - cell
-        idx = cell.to(tl.int64)
-        a = tl.load(table_ptr + 3 * cells + idx, mask=valid, other=0.0)
-        a = a * t + tl.load(table_ptr + 2 * cells + idx, mask=valid, other=0.0)
-        a = a * t + tl.load(table_ptr + 1 * cells + idx, mask=valid, other=0.0)
-        a = a * t + tl.load(table_ptr + idx, mask=valid, other=0.0)
-        b = tl.load(table_ptr + 7 * cells + idx, mask=valid, other=0.0)
-        b = b * t + tl.load(table_ptr + 6 * cells + idx, mask=valid, other=0.0)
-        b = b * t + tl.load(table_ptr + 5 * cells + idx, mask=valid, other=0.0)
-        b = b * t + tl.load(table_ptr + 4 * cells + idx, mask=valid, other=0.0)
-        # products with 1/sqrt(p), squared: finite wherever the bound is (1/p alone overflows
-        # float32 below log p = -88.7 while q_up / p does not until about -91)
-        inv_sqrt_p = tl.exp(-0.5 * x)
-        hi = tl.exp(0.5 * a) * inv_sqrt_p
-        hi = hi * hi
-        lo = tl.exp(-b * (inv_sqrt_p * inv_sqrt_p))
+        lo = tl.load(lo_ptr + offs, mask=valid, other=1.0).to(tl.float64)
+        hi = tl.load(hi_ptr + offs, mask=valid, other=1.0).to(tl.float64)
+        at_edge = x != x  # bounds used as given: nothing known about the edge (all false)
+    elif KIND == 4:  # kl, scalar delta: cubic table over w = log(-log p) of A = log q_up, B = p log(1/r_low)
+        idx, t = _table_position(tl.log(-x), u_min, cells_per_unit, cells)
+        hi = tl.exp(_horner(table_ptr, 0, cells, idx, t, valid) - x)
+        lo = tl.exp(-_horner(table_ptr, 4, cells, idx, t, valid) * inv_p)
+        at_edge = x == 0.0  # p = 1: the table's end value is the limit 1 = 1/p
+    elif KIND == 5:  # reverse_kl, scalar delta: tables over the log-distance to each saturation edge
+        distance_up = -x - delta
+        idx, t = _table_position(tl.log(distance_up), u_min, cells_per_unit, cells)
+        at_edge = distance_up <= 0.0
+        hi = tl.where(at_edge, inv_p, tl.exp(_horner(table_ptr, 0, cells, idx, t, valid) - x))
+        distance_low = -tl.log(_one_minus_exp(x)) - delta
+        idx, t = _table_position(tl.log(distance_low), u_min, cells_per_unit, cells)
+        lo = tl.where(distance_low <= 0.0, 0.0, tl.exp(_horner(table_ptr, 4, cells, idx, t, valid) - x))
+    elif KIND >= 6:  # kl / reverse_kl, per-token delta: the root solver, both roots as lower roots
+        p = tl.exp(x)
+        one_minus_p = _one_minus_exp(x)
+        log_one_minus_p = tl.log(one_minus_p)
+        lower_log_q = _lower_log_root(x, p, one_minus_p, log_one_minus_p, delta, KIND == 7, BISECT, NEWTON)
+        # the upper root's 1 - q_up is the lower root of the mirrored pair (1 - p, 1 - q)
+        upper_log_1mq = _lower_log_root(log_one_minus_p, one_minus_p, p, x, delta, KIND == 7, BISECT, NEWTON)
+        lo = tl.where(p == 0.0, 0.0, tl.exp(lower_log_q - x))  # p = 0: [0, inf]
+        hi = tl.where(p == 0.0, float("inf"), _one_minus_exp(upper_log_1mq) * inv_p)
+        at_edge = x == 0.0
+        if KIND == 7:  # reverse_kl saturates (Proposition 3)
+            at_edge = -x <= delta
+            hi = tl.where(at_edge, inv_p, hi)
+            lo = tl.where(-log_one_minus_p <= delta, 0.0, lo)
     else:
         p = tl.exp(x)
         q1 = _one_minus_exp(x)
-        inv_sqrt_p = tl.exp(-0.5 * x)
-        inv_p = inv_sqrt_p * inv_sqrt_p
-        if KIND == 1:  # tv: 1 -+ delta / p; saturates when 1 - p <= delta / p <= delta
-            half = tl.sqrt(delta) * inv_sqrt_p
-            half = half * half
-            hi = tl.where(q1 <= delta, inv_p, 1.0 + half)
-            lo = tl.where(p <= delta, 0.0, 1.0 - half)
+        if KIND == 1:  # tv: 1 -+ delta / p
+            upper = 1.0 + delta * inv_p
+            lower = 1.0 - delta * inv_p
+            at_edge = q1 <= delta
+            lo = tl.where(p <= delta, 0.0, lower)
         elif KIND == 2:  # chi2: 1 -+ sqrt(delta (1 - p) / p)
-            half = tl.sqrt(delta * q1) * inv_sqrt_p
-            hi = tl.where(q1 * inv_p <= delta, inv_p, 1.0 + half)
+            half = tl.sqrt(delta * q1 * inv_p)
+            upper = 1.0 + half
+            at_edge = q1 * inv_p <= delta
             lo = tl.where(p / q1 <= delta, 0.0, 1.0 - half)
-        else:  # hellinger: (sqrt p cos -+ sqrt(1 - p) sin)^2 / p
-            along = tl.sqrt(p) * cos_theta
-            across = tl.sqrt(q1) * sin_theta
-            up = (along + across) * inv_sqrt_p
-            down = (along - across) * inv_sqrt_p
-            hi = tl.where(2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta, inv_p, up * up)
-            lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta, 0.0, down * down)
+        else:  # hellinger: (sqrt p cos -+ sqrt(1 - p) sin)^2 / p, cos = 1 - d / 2, sin = sqrt(d (4 - d)) / 2
+            d = tl.minimum(delta, 4.0)
+            along = tl.sqrt(p) * (1.0 - 0.5 * d)
+            across = tl.sqrt(q1) * (0.5 * tl.sqrt(d * (4.0 - d)))
+            upper = (along + across) * (along + across) * inv_p
+            at_edge = 2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta
+            lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta, 0.0, (along - across) * (along - across) * inv_p)
+        hi = tl.where(at_edge, inv_p, upper)
         # p = 1 exactly (x = 0) falls out of these formulas as the p -> 1 limits, as in band_bounds
-    return lo, hi
+        at_edge = at_edge | (x == 0.0)
+    if KIND >= 4:
+        # p = 1 exactly: the p -> 1 limits (solved roots meet 0 / 0 there)
+        lo = tl.where(x == 0.0, _lower_at_p_one(delta, KIND), lo)
+        hi = tl.where(x == 0.0, 1.0, hi)
+    return lo.to(tl.float32), hi.to(tl.float32), at_edge
+
+
+@triton.jit
+def _lower_at_p_one(delta, KIND: tl.constexpr):
+    if KIND == 4 or KIND == 6:  # kl: exp(-delta)
+        return tl.exp(-delta)
+    else:  # reverse_kl: 1
+        return delta * 0.0 + 1.0
 
 
 @triton.jit
 def _band_loss_fwd_kernel(
-    logp_ptr, old_ptr, adv_ptr, mask_ptr, lo_ptr, hi_ptr, table_ptr,
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, delta_ptr, lo_ptr, hi_ptr, table_ptr,
     loss_ptr, coef_ptr, flags_ptr, out_lo_ptr, out_hi_ptr,
     n_elements, n_cols,
-    logp_s0, logp_s1, old_s0, old_s1, adv_s0, adv_s1, mask_s0, mask_s1,
-    cells, delta, cos_theta, sin_theta, upper_cap, relax_lo, relax_hi, dual_clip,
+    logp_s0, logp_s1, old_s0, old_s1, adv_s0, adv_s1, mask_s0, mask_s1, delta_s0, delta_s1,
+    cells, u_min, cells_per_unit, upper_cap, relax_lo, relax_hi, dual_clip,
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, HAS_CAP: tl.constexpr, HAS_RELAX: tl.constexpr,
-    HAS_DUAL: tl.constexpr, STORE_BOUNDS: tl.constexpr,
-    CELLS_PER_UNIT: tl.constexpr, W_MIN: tl.constexpr, LR_CLAMP: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DUAL: tl.constexpr, STORE_BOUNDS: tl.constexpr, BISECT: tl.constexpr, NEWTON: tl.constexpr,
+    LR_CLAMP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
@@ -144,6 +266,8 @@ def _band_loss_fwd_kernel(
     logp = tl.load(logp_ptr + row * logp_s0 + col * logp_s1, mask=valid, other=0.0).to(tl.float32)
     old = tl.load(old_ptr + row * old_s0 + col * old_s1, mask=valid, other=0.0).to(tl.float32)
     adv = tl.load(adv_ptr + row * adv_s0 + col * adv_s1, mask=valid, other=0.0).to(tl.float32)
+    # the radius: per token, per sequence (zero column stride) or the scalar (both strides zero)
+    delta = tl.load(delta_ptr + row * delta_s0 + col * delta_s1, mask=valid, other=1.0).to(tl.float64)
 
     raw = logp - old
     log_ratio = tl.minimum(tl.maximum(raw, -LR_CLAMP), LR_CLAMP)
@@ -151,20 +275,29 @@ def _band_loss_fwd_kernel(
 
     x = tl.minimum(old, 0.0)  # log p slightly above 0 from rounding counts as p = 1
     x = tl.where(old == old, x, old)  # keep nan as nan (min(nan, 0) may drop it)
-    lo, hi = _band(
-        x, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, delta, cos_theta, sin_theta,
-        KIND, CELLS_PER_UNIT, W_MIN,
+    lo, hi, at_edge = _band(
+        x.to(tl.float64), delta, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
+        KIND, BISECT, NEWTON,
     )  # fmt: skip
+    bad_delta = ~(delta > 0.0) | (delta == float("inf"))  # a per-token radius <= 0, nan or inf: nan band
+    lo = tl.where(bad_delta, float("nan"), lo)
+    hi = tl.where(bad_delta, float("nan"), hi)
+    at_edge = at_edge & ~bad_delta
     if HAS_RELAX:
         lo = tl.minimum(lo, relax_lo)
+        at_edge = at_edge & (hi >= relax_hi)
         hi = tl.maximum(hi, relax_hi)
     if HAS_CAP:
+        at_edge = at_edge & (hi <= upper_cap)
         hi = tl.minimum(hi, upper_cap)
+    # at the simplex edge hi = 1/p the clip decision is made where it is exact, in log space:
+    # log r > -log p, i.e. q > 1 (float32 exp(log q - log p) at q = 1 can round above float32(1/p))
+    hi_loss = tl.where(at_edge & (log_ratio <= -x), float("inf"), hi)
 
     surr1 = ratio * adv
-    surr2 = tl.minimum(tl.maximum(ratio, lo), hi) * adv
+    surr2 = tl.minimum(tl.maximum(ratio, lo), hi_loss) * adv
     objective = tl.minimum(surr1, surr2)
-    clipped_upper = valid & (adv > 0) & (ratio > hi)
+    clipped_upper = valid & (adv > 0) & (ratio > hi_loss)
     clipped_lower = valid & (adv < 0) & (ratio < lo)
     # d objective / d log pi = r A on the active unclipped branch; at an exact tie between that
     # branch and the dual-clip floor torch.max (so OpenRLHF) splits the gradient in half
@@ -258,20 +391,31 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     out_lo = torch.empty(shape2d, dtype=torch.float32, device=device) if return_bounds else loss
     out_hi = torch.empty(shape2d, dtype=torch.float32, device=device) if return_bounds else loss
 
-    kind = _IN_KERNEL_CLOSED_FORMS.get(divergence)
-    table, cells = loss, 1
+    per_token = isinstance(delta, Tensor)
+    if per_token:  # per token (B, T) or per sequence (B, 1) / (B,): read through its strides
+        delta_2d = delta.reshape(shape2d) if delta.shape == log_probs.shape else broadcast_advantages(delta, shape2d)
+    else:  # the scalar, as a float64 value read with zero strides (float32 would round it)
+        delta_2d = torch.full((1, 1), delta, dtype=torch.float64, device=device).expand(shape2d)
+    table, cells, u_min, cells_per_unit = loss, 1, 0.0, 1.0
     lo_pre = hi_pre = loss
     if given_bounds is not None:
         kind = BOUNDS_PRECOMPUTED
         lo_pre, hi_pre = given_bounds
-    elif kind is None and get_divergence(divergence).tabulate:
-        kind = BOUNDS_TABLE
-        table = _float32_table(divergence, delta, device)
-        cells = table.shape[1]
-    elif kind is None:  # any other divergence: bounds from the torch operator, read by the kernel
+    elif divergence in _IN_KERNEL_CLOSED_FORMS:
+        kind = _IN_KERNEL_CLOSED_FORMS[divergence]
+    elif per_token and divergence in _IN_KERNEL_SOLVERS:
+        kind = _IN_KERNEL_SOLVERS[divergence]
+    elif divergence == "kl":
+        kind, table = BOUNDS_KL_TABLE, _root_table("kl", delta, device)
+        u_min, cells_per_unit = _TABLE_W_MIN, float(_TABLE_CELLS_PER_UNIT)
+    elif divergence == "reverse_kl":
+        kind, table = BOUNDS_EDGE_TABLE, _edge_tables("reverse_kl", delta, device)
+        u_min, cells_per_unit = _EDGE_U_MIN, float(_EDGE_CELLS_PER_UNIT)
+    else:  # a divergence registered by the user: bounds from the torch operator, read by the kernel
         kind = BOUNDS_PRECOMPUTED
-        lo_pre, hi_pre = (b.contiguous() for b in band_bounds(old, divergence, delta))
-    cos_theta, sin_theta = hellinger_angle(delta)
+        lo_pre, hi_pre = (b.reshape(shape2d).contiguous() for b in band_bounds(old, divergence, delta))
+    if table is not loss:
+        cells = table.shape[1]
 
     if action_mask is not None:
         mask = action_mask.reshape(shape2d) if action_mask.dim() != 2 else action_mask
@@ -284,29 +428,23 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
 
     if n:
         _band_loss_fwd_kernel[(triton.cdiv(n, _BLOCK),)](
-            logp, old, adv, mask, lo_pre, hi_pre, table,
+            logp, old, adv, mask, delta_2d, lo_pre, hi_pre, table,
             loss, coef, flags, out_lo, out_hi,
             n, shape2d[1],
             logp.stride(0), logp.stride(1), old.stride(0), old.stride(1),
-            adv.stride(0), adv.stride(1), mask_strides[0], mask_strides[1],
-            cells, float(delta), cos_theta, sin_theta,
+            adv.stride(0), adv.stride(1), mask_strides[0], mask_strides[1], delta_2d.stride(0), delta_2d.stride(1),
+            cells, u_min, cells_per_unit,
             float(upper_cap) if upper_cap is not None else math.inf,
             1.0 - float(relax[0]) if relax is not None else 1.0,
             1.0 + float(relax[1]) if relax is not None else 1.0,
             float(dual_clip) if dual_clip is not None else 0.0,
             KIND=kind, HAS_MASK=action_mask is not None, HAS_CAP=upper_cap is not None,
             HAS_RELAX=relax is not None, HAS_DUAL=dual_clip is not None, STORE_BOUNDS=return_bounds,
-            CELLS_PER_UNIT=_TABLE_CELLS_PER_UNIT, W_MIN=_TABLE_W_MIN, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
+            BISECT=_SOLVE_BISECT_STEPS, NEWTON=_SOLVE_NEWTON_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
         )  # fmt: skip
     shape = log_probs.shape
     bounds = (out_lo.reshape(shape), out_hi.reshape(shape)) if return_bounds else (None, None)
     return loss.reshape(shape), coef, flags.reshape(shape), *bounds
-
-
-@functools.lru_cache(maxsize=64)
-def _float32_table(divergence: str, delta: float, device: torch.device) -> Tensor:
-    """The float64 band table (built once on the CPU) as float32 on `device`, for the kernel."""
-    return _root_table(divergence, delta, torch.device("cpu")).float().to(device).contiguous()
 
 
 def band_token_loss_triton(
@@ -316,7 +454,7 @@ def band_token_loss_triton(
     action_mask: Tensor | None = None,
     *,
     divergence: str = "kl",
-    delta: float = 0.05,
+    delta: float | Tensor = 0.05,
     upper_cap: float | None = None,
     relax: tuple[float, float] | None = None,
     dual_clip: float | None = None,
@@ -324,7 +462,11 @@ def band_token_loss_triton(
     bounds: tuple[Tensor | float, Tensor | float] | None = None,
 ) -> BandTokenLoss:
     """The fused kernel path of `openrlhf_band.band_token_loss` (same arguments and outputs)."""
-    _validate(divergence, delta, upper_cap, relax)
+    if isinstance(delta, Tensor):
+        _validate(divergence, 1.0, upper_cap, relax)
+    else:
+        _validate(divergence, delta, upper_cap, relax)
+        delta = float(delta)
     if bounds is not None:  # used as given: the kernel reads them, no cap or relax on top
         shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
         bounds = tuple(
@@ -333,6 +475,6 @@ def band_token_loss_triton(
             for b in bounds
         )  # fmt: skip
         upper_cap = relax = None
-    config = (divergence, float(delta), upper_cap, relax, dual_clip, return_bounds, bounds)
+    config = (divergence, delta, upper_cap, relax, dual_clip, return_bounds, bounds)
     loss, flags, lower, upper = BandLossFunction.apply(log_probs, old_log_probs, advantages, action_mask, config)
     return BandTokenLoss(loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper)

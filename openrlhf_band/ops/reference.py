@@ -6,12 +6,13 @@ kernel's hand-written backward reproduces PPO's tie-breaking exactly.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import band_bounds
+from openrlhf_band.band.bounds import band_bounds_with_edge
 
 LOG_RATIO_CLAMP = 20.0  # OpenRLHF 0.11.2 clamps log(pi_new / pi_old) to [-20, 20] before exp
 
@@ -56,7 +57,7 @@ def band_token_loss_reference(
     action_mask: Tensor | None = None,
     *,
     divergence: str = "kl",
-    delta: float = 0.05,
+    delta: float | Tensor = 0.05,
     upper_cap: float | None = None,
     relax: tuple[float, float] | None = None,
     dual_clip: float | None = None,
@@ -71,8 +72,13 @@ def band_token_loss_reference(
         old_log_probs: log pi_old, (B, T), no gradient.
         advantages: (B, T), (B, 1) or (B,).
         action_mask: (B, T) bool or 0/1 of any dtype; None means every token counts.
+        delta: the radius, a number or a tensor broadcastable to log_probs (per token or (B, 1)).
         bounds: precomputed (lower, upper) to use instead of `band_bounds` (e.g. a constant clip
             interval, for equivalence tests against PPO clipping).
+
+    At an upper bound on the simplex edge 1/p (saturated, or p = 1) the clip decision is made in log
+    space, where it is exact: clipped iff log r > -log p, i.e. q > 1 (in float32, exp(log q - log p)
+    at q = 1 can round one ulp above float32(1/p)).
     """
     compute_dtype = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
     shape = log_probs.shape
@@ -81,8 +87,9 @@ def band_token_loss_reference(
         mask = action_mask.expand(shape) != 0
     adv = broadcast_advantages(advantages, shape).to(compute_dtype)
     old = old_log_probs.to(compute_dtype)
+    at_edge = None
     if bounds is None:
-        lower, upper = band_bounds(old, divergence, delta, upper_cap=upper_cap, relax=relax)
+        lower, upper, at_edge = band_bounds_with_edge(old, divergence, delta, upper_cap=upper_cap, relax=relax)
     else:
         lower, upper = bounds
     lower, upper = lower.to(compute_dtype).expand(shape), upper.to(compute_dtype).expand(shape)
@@ -96,10 +103,15 @@ def band_token_loss_reference(
     lower = torch.where(mask, lower, zero + 1)
     upper = torch.where(mask, upper, zero + 1)
 
-    ratio = torch.exp((new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    upper_loss = upper
+    if at_edge is not None:  # at the edge 1/p, decide in log space: clip only if log r > -log p (q > 1)
+        upper_loss = torch.where(at_edge & mask & (log_ratio <= -old.clamp(max=0.0)), math.inf, upper)
+
+    ratio = torch.exp(log_ratio)
     surr1 = ratio * adv
     # tensor clamp, like OpenRLHF's scalar clamp, passes the full gradient at r == bound
-    surr2 = torch.clamp(ratio, lower, upper) * adv
+    surr2 = torch.clamp(ratio, lower, upper_loss) * adv
     clip1 = torch.min(surr1, surr2)
     if dual_clip is None:
         objective = clip1
@@ -110,7 +122,7 @@ def band_token_loss_reference(
         dual_clipped = (adv < 0) & (floor > clip1) & mask
     loss = torch.where(mask, -objective, zero)
     with torch.no_grad():
-        clipped_upper = (adv > 0) & (ratio > upper) & mask
+        clipped_upper = (adv > 0) & (ratio > upper_loss) & mask
         clipped_lower = (adv < 0) & (ratio < lower) & mask
     out_bounds = (lower.detach().float(), upper.detach().float()) if return_bounds else (None, None)
     return BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, *out_bounds)

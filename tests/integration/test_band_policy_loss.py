@@ -143,3 +143,24 @@ def test_rejects_bad_options():
         BandPolicyLoss(dual_clip=0.5)
     with pytest.raises(ValueError, match="is_correction_level"):
         BandPolicyLoss(is_correction_level="sometimes")
+
+
+@pytest.mark.parametrize("divergence", ["kl", "reverse_kl", "chi2"])
+def test_per_token_delta_passes_through_and_a_constant_tensor_equals_the_scalar(divergence):
+    log_probs, old, _, adv, mask = make_batch(seed=9)
+    loss_fn = BandPolicyLoss(backend="torch", divergence=divergence, delta=0.05, upper_cap=10.0)
+    scalar = loss_fn(log_probs, old, adv, action_mask=mask)
+    scalar_metrics = dict(loss_fn.band_metrics)
+    (scalar_grad,) = torch.autograd.grad(scalar[0], log_probs)
+    tensor = loss_fn(log_probs, old, adv, action_mask=mask, delta=torch.full_like(old, 0.05))
+    (tensor_grad,) = torch.autograd.grad(tensor[0], log_probs)
+    torch.testing.assert_close(tensor[0], scalar[0], rtol=2e-6, atol=1e-7)
+    torch.testing.assert_close(tensor_grad, scalar_grad, rtol=2e-6, atol=1e-7)
+    for key, value in loss_fn.band_metrics.items():
+        torch.testing.assert_close(value, scalar_metrics[key], rtol=2e-6, atol=1e-7, msg=key)
+    # a per-sequence radius is a real per-row change: the bounds follow it row by row
+    per_row = torch.linspace(0.01, 0.5, old.shape[0])[:, None]
+    loss_fn(log_probs, old, adv, action_mask=mask, delta=per_row)
+    lower, upper = band_bounds(old, divergence, per_row, upper_cap=10.0)
+    keep = mask.bool()
+    torch.testing.assert_close(loss_fn.band_metrics["band/upper_mean"], upper[keep].mean())

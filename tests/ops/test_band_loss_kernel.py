@@ -11,9 +11,9 @@ from ``sys.modules``, so it picks up the reloaded kernels. Each test also pins t
 ``monkeypatch`` (autouse fixture), because the dispatcher re-reads it at call time for CPU tensors.
 
 Test inputs keep every ratio at least ``MARGIN`` (in log space) away from the bounds, from the
-dual-clip threshold and from the +-20 log-ratio clamp: the kernel computes the band in float32
-while ``band_bounds`` (the reference's band) computes it in float64 and rounds, so a ratio within
-a few ulps of a bound could legitimately land on different sides of it in the two backends.
+dual-clip threshold and from the +-20 log-ratio clamp: both backends round a float64 band to
+float32, but by different routes (kernel tables or solver vs band_bounds), so a ratio within a
+few ulps of a bound could legitimately land on different sides of it in the two backends.
 Runtime: interpreter launches cost ~15-20 ms per 1024-element program, so inputs stay small
 except for two long-row cases.
 """
@@ -51,14 +51,11 @@ def _interpret(monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # tolerances
 # ----------------------------------------------------------------------------------------------
-# Bounds: the kernel evaluates the band in float32 (closed forms, or the kl cubic table with
-# float32 coefficients and float32 Horner steps); band_bounds evaluates it in float64 and rounds.
-# Float32 rounding of a handful of operations gives ~1e-6 relative; the kl lower bound
-# r_low = exp(-B / p) amplifies B's error by B / p (tens for small p), hence rtol 2e-5 (the largest
-# deviation measured over log p in [-88, -1e-8] and delta in {0.01, 0.05, 0.2} is 2.5e-6). Tiny
-# lower bounds (kl's r_low is ~1e-23 at p = 1e-3) are compared with the absolute floor 1e-6,
+# Bounds: the kernel evaluates the band in float64 and rounds once to float32, as band_bounds (the
+# reference's band) does; the two agree to a few float32 ulps (tables vs solver, rounding order).
+# Tiny lower bounds (kl's r_low is ~1e-23 at p = 1e-3) are compared with the absolute floor 1e-6,
 # which is far below anything that can change a clip decision for ratios near 1.
-BOUNDS_ATOL, BOUNDS_RTOL = 1e-6, 2e-5
+BOUNDS_ATOL, BOUNDS_RTOL = 1e-6, 1e-6
 # The loss is float32 for float32 and bfloat16 log_probs alike, computed from the same inputs;
 # at clipped tokens it is bound * A, so it inherits the bounds' relative tolerance.
 LOSS_ATOL, LOSS_RTOL = 1e-6, 2e-5
@@ -150,6 +147,8 @@ def make_case(
         per_seq = torch.randn(b, generator=g)
         advantages = per_seq[:, None] if adv == "seq2" else per_seq  # (B, 1) or (B,)
     upstream = torch.randn(shape, generator=g)
+    if isinstance(opts.get("delta"), torch.Tensor) and opts["delta"].numel() == n:  # per token, made flat
+        opts = {**opts, "delta": opts["delta"].reshape(shape)}
     return Case(log_probs.reshape(shape), old.reshape(shape), advantages, None, upstream, opts)
 
 
@@ -405,16 +404,18 @@ def test_expanded_upstream_gradient():
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("upper_cap", [None, 10.0])
 @pytest.mark.parametrize("divergence", DIVERGENCES)
-def test_old_log_prob_zero_and_minus_inf(divergence, upper_cap):
+@pytest.mark.parametrize("per_token", [False, True], ids=["scalar", "per-token"])
+def test_old_log_prob_zero_and_minus_inf(divergence, upper_cap, per_token):
     old = torch.tensor([[0.0, -0.0, -math.inf, 0.0, -math.inf, 1e-7, -1.0]])
     lp = torch.tensor([[-0.01, 0.02, -3.0, -0.5, -50.0, 0.0, -1.0]])
     adv = torch.tensor([[1.0, -1.0, 1.0, -2.0, -1.0, 0.5, 1.0]])
     case = Case(lp, old, adv, None, torch.randn(1, 7, generator=torch.Generator().manual_seed(0)), {})
-    opts = {"divergence": divergence, "upper_cap": upper_cap}
+    delta = torch.full_like(old, 0.05) if per_token else 0.05
+    opts = {"divergence": divergence, "upper_cap": upper_cap, "delta": delta}
     for backend in ("triton", "torch"):
         out, grad = run(case, backend, **opts)
         assert torch.isfinite(out.loss).all() and torch.isfinite(grad).all(), backend
-        want_lo, want_hi = band_bounds(old, divergence, 0.05, upper_cap=upper_cap)
+        want_lo, want_hi = band_bounds(old, divergence, delta, upper_cap=upper_cap)
         torch.testing.assert_close(out.lower, want_lo, atol=BOUNDS_ATOL, rtol=BOUNDS_RTOL)
         torch.testing.assert_close(out.upper, want_hi, atol=BOUNDS_ATOL, rtol=BOUNDS_RTOL)
         # p = 0: the band is [0, cap or inf]; the log-ratio is +inf, clamped to 20: no gradient
@@ -685,3 +686,115 @@ def test_triton_on_cpu_needs_interpreter(monkeypatch, value):
     assert torch.isfinite(functional.band_token_loss(lp, old, adv, backend="auto").loss).all()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert torch.isfinite(functional.band_token_loss(lp, old, adv, backend="triton").loss).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# per-token radius, the kernel's own band against the oracle, exact decisions at the simplex edge
+# ----------------------------------------------------------------------------------------------
+def _random_deltas(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (10 ** torch.empty(n, dtype=torch.float64).uniform_(-4, 0, generator=g)).float()
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPE_TOLS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_per_token_delta_matches_reference(divergence, dtype, atol, rtol):
+    n = 3 * 47
+    case = make_case((3, 47), dtype=dtype, seed=40 + DIVERGENCES.index(divergence), divergence=divergence,
+                     delta=_random_deltas(n, seed=1), upper_cap=10.0)  # fmt: skip
+    assert_outputs_match(case, atol, rtol)
+
+
+@pytest.mark.parametrize("layout", ["seq2", "seq1"])
+def test_per_sequence_delta(layout):
+    per_seq = torch.tensor([0.01, 0.05, 0.3])
+    delta = per_seq[:, None] if layout == "seq2" else per_seq
+    flat = per_seq[:, None].expand(3, 47).reshape(-1)
+    case = make_case((3, 47), seed=51, divergence="kl", delta=flat)
+    for backend in ("triton", "torch"):
+        by_row, _ = run(case, backend, delta=delta)
+        by_token, _ = run(case, backend)
+        assert torch.equal(by_row.loss, by_token.loss) and torch.equal(by_row.upper, by_token.upper), backend
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_a_constant_delta_tensor_gives_the_scalar_result(divergence):
+    case = make_case((3, 47), seed=61, divergence=divergence, delta=0.05)
+    for backend in ("triton", "torch"):
+        scalar, scalar_grad = run(case, backend)
+        tensor, tensor_grad = run(case, backend, delta=torch.full((3, 47), 0.05))
+        torch.testing.assert_close(tensor.loss, scalar.loss, atol=1e-6, rtol=2e-6)
+        torch.testing.assert_close(tensor_grad, scalar_grad, atol=1e-6, rtol=2e-6)
+        torch.testing.assert_close(tensor.upper, scalar.upper, atol=1e-6, rtol=2e-6)
+        for name in ("clipped_upper", "clipped_lower"):
+            assert torch.equal(getattr(tensor, name), getattr(scalar, name)), (backend, name)
+
+
+def _oracle_pairs(seed: int) -> list[tuple[float, float]]:
+    """(log p, delta) exact in float32: p log-uniform down to 1e-20, 1 - p down to 1e-6, p = 1."""
+    g = torch.Generator().manual_seed(seed)
+    small = -(10 ** torch.empty(60, dtype=torch.float64).uniform_(math.log10(0.7), math.log10(46.0), generator=g))
+    near_one = torch.log1p(-(10 ** torch.empty(60, dtype=torch.float64).uniform_(-6, math.log10(0.5), generator=g)))
+    log_p = torch.cat([small, near_one, torch.zeros(1)]).float()
+    delta = (10 ** torch.empty(len(log_p), dtype=torch.float64).uniform_(-4, 0, generator=g)).float()
+    return list(zip(log_p.tolist(), delta.tolist()))
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["scalar", "per-token"])
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_kernel_band_against_the_oracle(divergence, per_token):
+    """The kernel's own band (returned bounds) within 1e-6 max(exact, 1) of the exact roots."""
+    import band_exact as X
+
+    pairs = _oracle_pairs(seed=DIVERGENCES.index(divergence))
+    old = torch.tensor([lp for lp, _ in pairs])
+    deltas = torch.tensor([d for _, d in pairs])
+    delta = deltas if per_token else 0.05
+    out = band_token_loss(old.clone().requires_grad_(), old, torch.zeros_like(old), divergence=divergence,
+                          delta=delta, backend="triton", return_bounds=True)  # fmt: skip
+    worst = 0.0
+    for i, (log_p, _) in enumerate(pairs):
+        exact = X.exact_bounds(divergence, log_p, float(deltas[i]) if per_token else 0.05)[:2]
+        for ours, want in zip((out.lower[i], out.upper[i]), exact):
+            worst = max(worst, abs(float(ours) - float(want)) / max(float(want), 1.0))
+    assert worst <= 1e-6, worst
+
+
+SATURATING = [("tv", 0.05, 0.97), ("chi2", 0.05, 0.97), ("hellinger", 0.05, 0.99), ("reverse_kl", 0.05, 0.97)]
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["scalar", "per-token"])
+@pytest.mark.parametrize("divergence, delta, p", SATURATING)
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_ratio_on_the_saturated_edge_is_inside_the_band(divergence, delta, p, per_token, backend):
+    """q = 1 (new log-prob 0) where the upper bound is the edge 1/p, and p = 1 exactly: never
+    clipped (float32 exp(-log p) may round above float32(1/p)); q > 1 (invalid) is clipped."""
+    ps = torch.linspace(p, 1.0 - 1e-6, 1000, dtype=torch.float64)
+    old = torch.cat([torch.log(ps).float(), torch.zeros(24)])  # p in [p, 1 - 1e-6], and p = 1
+    lower, upper = band_bounds(old, divergence, delta)
+    assert torch.equal(upper[:1000].double(), torch.exp(-old[:1000].double()).float().double())  # all saturated
+    delta_arg = torch.full_like(old, delta) if per_token else delta
+    adv = torch.ones_like(old)
+    for new, clipped in ((torch.zeros_like(old), False), (torch.full_like(old, 1e-3), True)):
+        out = band_token_loss(new.clone().requires_grad_(), old, adv, divergence=divergence, delta=delta_arg,
+                              backend=backend)  # fmt: skip
+        assert bool(out.clipped_upper.all()) if clipped else not out.clipped_upper.any(), (backend, clipped)
+        if not clipped:  # and the gradient flows: -r A
+            lp = new.clone().requires_grad_()
+            out = band_token_loss(lp, old, adv, divergence=divergence, delta=delta_arg, backend=backend)
+            (grad,) = torch.autograd.grad(out.loss.sum(), lp)
+            torch.testing.assert_close(grad, -torch.exp(-old), rtol=1e-6, atol=1e-6)
+
+
+def test_masked_tokens_with_invalid_delta_stay_zero():
+    case = make_case((3, 47), seed=71, divergence="kl")
+    delta = torch.full((3, 47), 0.05)
+    mask = torch.ones(3, 47, dtype=torch.bool)
+    mask[:, ::3] = False
+    delta[~mask] = torch.tensor([math.nan, -1.0, 0.0, math.inf]).repeat(100)[: int((~mask).sum())]
+    for backend in ("triton", "torch"):
+        lp = case.log_probs.clone().requires_grad_()
+        out = band_token_loss(lp, case.old, case.adv, mask, divergence="kl", delta=delta, backend=backend)
+        (grad,) = torch.autograd.grad(out.loss, lp, grad_outputs=case.upstream)
+        assert torch.isfinite(out.loss).all() and (out.loss[~mask] == 0).all(), backend
+        assert torch.isfinite(grad).all() and (grad[~mask] == 0).all(), backend

@@ -93,7 +93,8 @@ def test_bench_bounds_writes_results(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OPENRLHF_BAND_BENCH_DIR", str(tmp_path))
     assert main(["bench", "bounds", "--tokens", "4096", "--repeats", "1", "--device", "cpu"]) == 0
     result = json.loads((tmp_path / "bounds_cpu.json").read_text())
-    expected = {f"band-{d}" for d in DIVERGENCES} | {"clip", "authors-kl", "authors-chi2"}
+    expected = {f"band-{d}" for d in DIVERGENCES} | {f"band-{d}-pt" for d in DIVERGENCES}
+    expected |= {"clip", "authors-kl", "authors-chi2"}
     assert set(result["timings"]) == expected
     assert all(t["median_ms"] > 0 for t in result["timings"].values())
     # our float32 kl path is within float32 resolution of the float64 path; the authors' is not

@@ -4,7 +4,8 @@ All providers run in one process on the same input, round-robin, so the printed 
 like with like; absolute times on a shared CPU are noise, ratios are the result.
 
 Providers:
-  band-<div>      our `band_bounds` for each registered divergence (float32 input)
+  band-<div>      our `band_bounds` for each registered divergence (float32 input), scalar delta
+  band-<div>-pt   the same with a per-token delta tensor (log-uniform in [0.01, 0.2], float32)
   clip            fixed clipping, the cost the band replaces: ratio.clamp(1 - 0.2, 1 + 0.2)
   authors-kl      the authors' published kl algorithm (bisection, host sync each step)
   authors-chi2    the authors' chi2 closed form (for reference)
@@ -23,6 +24,7 @@ from openrlhf_band.tools.bench.common import machine_info, rollout_log_probs, ti
 
 TARGET_SPEEDUP_VS_AUTHORS = 30.0
 TARGET_MAX_RATIO_TO_CHI2 = 4.0
+TARGET_MAX_REVERSE_KL_OVER_KL = 2.5
 
 
 def run(num_tokens: int, delta: float, repeats: int, device: torch.device, threads: int | None) -> dict:
@@ -30,7 +32,14 @@ def run(num_tokens: int, delta: float, repeats: int, device: torch.device, threa
         torch.set_num_threads(threads)
     old_log_probs = rollout_log_probs(num_tokens, device=device)
     ratio = torch.exp(old_log_probs * 0.01)  # any ratio tensor of the same size
+    gen = torch.Generator().manual_seed(1)
+    per_token = torch.exp(torch.empty(num_tokens).uniform_(torch.log(torch.tensor(0.01)).item(),
+                                                           torch.log(torch.tensor(0.2)).item(), generator=gen))
+    per_token = per_token.to(device)
     providers = {f"band-{name}": (lambda n=name: band_bounds(old_log_probs, n, delta)) for name in DIVERGENCES}
+    providers.update(
+        {f"band-{name}-pt": (lambda n=name: band_bounds(old_log_probs, n, per_token)) for name in DIVERGENCES}
+    )
     providers["clip"] = lambda: ratio.clamp(0.8, 1.2)
     providers["authors-kl"] = lambda: authors_band_bounds(old_log_probs, "kl", delta)
     providers["authors-chi2"] = lambda: authors_band_bounds(old_log_probs, "chi2", delta)
@@ -48,17 +57,25 @@ def run(num_tokens: int, delta: float, repeats: int, device: torch.device, threa
             worst = max(worst, float(err.max()) if err.numel() else 0.0)
         return worst
 
+    reference["reverse_kl"] = band_bounds(old_log_probs.double(), "reverse_kl", delta)
     accuracy = {
         "band-kl": max_rel_error(band_bounds(old_log_probs, "kl", delta), reference["kl"]),
         "band-chi2": max_rel_error(band_bounds(old_log_probs, "chi2", delta), reference["chi2"]),
+        "band-reverse_kl": max_rel_error(band_bounds(old_log_probs, "reverse_kl", delta), reference["reverse_kl"]),
         "authors-kl": max_rel_error(authors_band_bounds(old_log_probs, "kl", delta), reference["kl"]),
     }
+    for name in ("kl", "reverse_kl"):
+        want = band_bounds(old_log_probs.double(), name, per_token.double())
+        accuracy[f"band-{name}-pt"] = max_rel_error(band_bounds(old_log_probs, name, per_token), want)
     med = {k: v["median_ms"] for k, v in timings.items()}
     ratios = {
         "authors-kl / band-kl (speedup)": med["authors-kl"] / med["band-kl"],
         "band-kl / band-chi2": med["band-kl"] / med["band-chi2"],
         "band-kl / clip": med["band-kl"] / med["clip"],
         "band-chi2 / clip": med["band-chi2"] / med["clip"],
+        "band-reverse_kl / band-kl": med["band-reverse_kl"] / med["band-kl"],
+        "band-kl-pt / band-kl": med["band-kl-pt"] / med["band-kl"],
+        "band-chi2-pt / band-chi2": med["band-chi2-pt"] / med["band-chi2"],
     }
     return {
         "benchmark": "bounds",
@@ -75,8 +92,10 @@ def run(num_tokens: int, delta: float, repeats: int, device: torch.device, threa
         "targets": {
             "speedup_vs_authors_kl_at_least": TARGET_SPEEDUP_VS_AUTHORS,
             "kl_over_chi2_at_most": TARGET_MAX_RATIO_TO_CHI2,
+            "reverse_kl_over_kl_at_most": TARGET_MAX_REVERSE_KL_OVER_KL,
             "met": ratios["authors-kl / band-kl (speedup)"] >= TARGET_SPEEDUP_VS_AUTHORS
-            and ratios["band-kl / band-chi2"] <= TARGET_MAX_RATIO_TO_CHI2,
+            and ratios["band-kl / band-chi2"] <= TARGET_MAX_RATIO_TO_CHI2
+            and ratios["band-reverse_kl / band-kl"] <= TARGET_MAX_REVERSE_KL_OVER_KL,
         },
     }
 
@@ -86,10 +105,10 @@ def format_report(result: dict) -> str:
         f"bounds benchmark: {result['config']['num_tokens']:,} tokens, delta={result['config']['delta']}, "
         f"device={result['machine']['device']}, threads={result['machine']['threads']}, "
         f"median of {result['config']['repeats']}",
-        f"{'provider':<16}{'median ms':>12}{'min ms':>10}",
+        f"{'provider':<22}{'median ms':>12}{'min ms':>10}",
     ]
     for name, t in result["timings"].items():
-        lines.append(f"{name:<16}{t['median_ms']:>12.2f}{t['min_ms']:>10.2f}")
+        lines.append(f"{name:<22}{t['median_ms']:>12.2f}{t['min_ms']:>10.2f}")
     lines.append("ratios (same run):")
     lines += [f"  {k:<34}{v:>10.2f}" for k, v in result["ratios"].items()]
     lines.append("max relative error vs float64 (bounds >= 1e-3):")
@@ -97,7 +116,8 @@ def format_report(result: dict) -> str:
     t = result["targets"]
     lines.append(
         f"targets: speedup >= {t['speedup_vs_authors_kl_at_least']:g}x, kl/chi2 <= "
-        f"{t['kl_over_chi2_at_most']:g}x -> {'met' if t['met'] else 'NOT met'}"
+        f"{t['kl_over_chi2_at_most']:g}x, reverse_kl/kl <= {t['reverse_kl_over_kl_at_most']:g}x "
+        f"-> {'met' if t['met'] else 'NOT met'}"
     )
     return "\n".join(lines)
 

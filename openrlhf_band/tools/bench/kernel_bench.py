@@ -4,6 +4,7 @@ Providers, side by side in one run on the same inputs (round-robin timing):
   fused-<div>   the Triton kernel (CUDA only: the CPU interpreter is a correctness tool, not a
                 speed one, so it is skipped on CPU)
   torch-<div>   the pure-torch reference (`band_token_loss_reference`)
+  ...-pt        the same two with a per-token delta tensor (log-uniform in [0.01, 0.2], float32)
   ppo-clip      per-token PPO clipping exactly as OpenRLHF 0.11.2's PolicyLoss computes it
                 (clamped log-ratio, exp, two surrogates, min) with autograd
 Modes: forward, backward (given a forward graph), full (forward + backward). Peak memory per
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 
 import torch
 
@@ -33,6 +35,7 @@ from openrlhf_band.tools.bench.common import (
 # upstream gradient and writes the gradient (4 + 4 + 4)
 FUSED_FORWARD_BYTES_PER_TOKEN = 22
 FUSED_BACKWARD_BYTES_PER_TOKEN = 12
+PER_TOKEN_DELTA_BYTES = 4  # a float32 radius per token, read by the forward
 
 
 def ppo_clip_token_loss(log_probs, old_log_probs, advantages, eps_low=0.2, eps_high=0.2):
@@ -56,20 +59,30 @@ def make_inputs(num_tokens: int, device: torch.device, seq_len: int = 4096):
     return log_probs, old, advantages, mask, upstream
 
 
-def _providers(inputs, divergences, device):
+def per_token_delta(like: torch.Tensor) -> torch.Tensor:
+    """A per-token radius, log-uniform in [0.01, 0.2], float32, of like's shape and device."""
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    u = torch.rand(like.shape, generator=gen)
+    return torch.exp(math.log(0.01) + u * (math.log(0.2) - math.log(0.01))).to(like.device)
+
+
+def _providers(inputs, divergences, device, with_per_token: bool = True):
     log_probs, old, adv, mask, _ = inputs
+    deltas = {"": 0.05, "-pt": per_token_delta(old)} if with_per_token else {"": 0.05}
     providers = {}
     if device.type == "cuda":
         from openrlhf_band.ops.band_loss import band_token_loss_triton
 
         for div in divergences:
-            providers[f"fused-{div}"] = lambda d=div: (
-                band_token_loss_triton(log_probs, old, adv, mask, divergence=d, upper_cap=10.0).loss
-            )
+            for suffix, delta in deltas.items():
+                providers[f"fused-{div}{suffix}"] = lambda d=div, dl=delta: (
+                    band_token_loss_triton(log_probs, old, adv, mask, divergence=d, delta=dl, upper_cap=10.0).loss
+                )
     for div in divergences:
-        providers[f"torch-{div}"] = lambda d=div: (
-            band_token_loss_reference(log_probs, old, adv, mask, divergence=d, upper_cap=10.0).loss
-        )
+        for suffix, delta in deltas.items():
+            providers[f"torch-{div}{suffix}"] = lambda d=div, dl=delta: (
+                band_token_loss_reference(log_probs, old, adv, mask, divergence=d, delta=dl, upper_cap=10.0).loss
+            )
     providers["ppo-clip"] = lambda: ppo_clip_token_loss(log_probs, old, adv) * mask
     return providers
 
@@ -128,9 +141,10 @@ def run(num_tokens: int, repeats: int, device: torch.device, divergences, thread
         for mode in ("forward", "backward", "full"):
             clip = results[mode]["ppo-clip"]["median_ms"]
             for kind in ("fused", "torch"):
-                name = f"{kind}-{div}"
-                if name in results[mode] and clip > 0:
-                    ratios[f"{name} / ppo-clip ({mode})"] = results[mode][name]["median_ms"] / clip
+                for suffix in ("", "-pt"):
+                    name = f"{kind}-{div}{suffix}"
+                    if name in results[mode] and clip > 0:
+                        ratios[f"{name} / ppo-clip ({mode})"] = results[mode][name]["median_ms"] / clip
     bandwidth = {}
     if device.type == "cuda":
         blob = torch.empty(num_tokens * 8, dtype=torch.uint8, device=device)
@@ -138,11 +152,16 @@ def run(num_tokens: int, repeats: int, device: torch.device, divergences, thread
         copy_bytes_per_s = 2 * blob.numel() / (copy_ms / 1e3)
         n = log_probs.numel()
         for div in divergences:
-            fwd = results["forward"][f"fused-{div}"]["median_ms"] / 1e3
-            bandwidth[f"fused-{div} forward"] = {
-                "bytes_per_s": FUSED_FORWARD_BYTES_PER_TOKEN * n / fwd,
-                "fraction_of_copy": FUSED_FORWARD_BYTES_PER_TOKEN * n / fwd / copy_bytes_per_s,
-            }
+            for suffix, extra in (("", 0), ("-pt", PER_TOKEN_DELTA_BYTES)):
+                name = f"fused-{div}{suffix}"
+                if name not in results["forward"]:
+                    continue
+                fwd = results["forward"][name]["median_ms"] / 1e3
+                moved = (FUSED_FORWARD_BYTES_PER_TOKEN + extra) * n
+                bandwidth[f"{name} forward"] = {
+                    "bytes_per_s": moved / fwd,
+                    "fraction_of_copy": moved / fwd / copy_bytes_per_s,
+                }
         bandwidth["device_copy_bytes_per_s"] = copy_bytes_per_s
     return {
         "benchmark": "kernel",
@@ -182,16 +201,16 @@ def format_report(result: dict) -> str:
         f"kernel benchmark: {result['config']['num_tokens']:,} tokens, device={result['machine']['device']}"
         f" {result['machine'].get('gpu', '')}, threads={result['machine']['threads']}"
     ]
-    lines.append(f"{'provider':<18}{'forward ms':>12}{'backward ms':>13}{'full ms':>10}{'memory MiB':>12}")
+    lines.append(f"{'provider':<22}{'forward ms':>12}{'backward ms':>13}{'full ms':>10}{'memory MiB':>12}")
     for name in result["timings"]["forward"]:
         mem = next(iter(result["memory"][name].values())) / 2**20
         lines.append(
-            f"{name:<18}{result['timings']['forward'][name]['median_ms']:>12.2f}"
+            f"{name:<22}{result['timings']['forward'][name]['median_ms']:>12.2f}"
             f"{result['timings']['backward'][name]['median_ms']:>13.2f}"
             f"{result['timings']['full'][name]['median_ms']:>10.2f}{mem:>12.1f}"
         )
     lines.append("ratios to ppo-clip (same run):")
-    lines += [f"  {k:<40}{v:>8.2f}" for k, v in result["ratios"].items()]
+    lines += [f"  {k:<44}{v:>8.2f}" for k, v in result["ratios"].items()]
     for k, v in result["bandwidth"].items():
         if isinstance(v, dict):
             lines.append(f"  {k}: {v['bytes_per_s'] / 1e9:.0f} GB/s = {v['fraction_of_copy']:.0%} of device copy")
