@@ -15,6 +15,13 @@ from openrlhf_band.integration.compat import (
     unpad_input,
 )
 from openrlhf_band.integration.flags import add_band_arguments, band_loss_kwargs, validate_band_arguments
+from openrlhf_band.integration.hooks import (
+    band_after_step,
+    band_checkpoint_state,
+    band_load_checkpoint_state,
+    band_loss_inputs,
+    loss_class_and_kwargs,
+)
 from openrlhf_band.integration.metrics import band_metrics
 from openrlhf_band.integration.policy_loss import BandPolicyLoss
 
@@ -22,9 +29,14 @@ __all__ = [
     "BandPolicyLoss",
     "add_band_arguments",
     "all_gather",
+    "band_after_step",
+    "band_checkpoint_state",
+    "band_load_checkpoint_state",
+    "band_loss_inputs",
     "band_loss_kwargs",
     "band_metrics",
     "index_first_axis",
+    "loss_class_and_kwargs",
     "missing_vllm",
     "pad_input",
     "rearrange",

@@ -9,6 +9,14 @@ import argparse
 import functools
 import math
 
+from openrlhf_band.band.adaptive import (
+    ADAPTIVE_RULES,
+    DEFAULT_CONTROLLER_RATE,
+    DEFAULT_ENTROPY_POWER,
+    DEFAULT_RANGE_FACTOR,
+    default_delta_range,
+    validate_adaptive,
+)
 from openrlhf_band.band.bounds import _validate
 from openrlhf_band.band.dcpo import DCPO_DEFAULT_EPS, dcpo_bounds, validate_dcpo
 from openrlhf_band.band.divergences import DIVERGENCES
@@ -22,10 +30,21 @@ BAND_DEFAULTS = {
     "upper_cap": 10.0,
     "relax": None,
     "backend": "auto",
+    # adaptive radii (openrlhf_band/band/adaptive.py); delta_range's default is computed from delta
+    "adaptive": "none",
+    "entropy_power": DEFAULT_ENTROPY_POWER,
+    "delta_range": None,
+    "target_entropy": None,
+    "controller_rate": DEFAULT_CONTROLLER_RATE,
 }
 BAND_RULES = ("trust_region", "dcpo")
 # the trust region's own knobs: they mean nothing to DCPO's rule, so with it they are refused
-TRUST_REGION_ONLY = {"divergence": "--band_divergence", "delta": "--band_delta", "relax": "--actor.band.relax"}
+TRUST_REGION_ONLY = {
+    "divergence": "--band_divergence", "delta": "--band_delta", "relax": "--actor.band.relax",
+    "adaptive": "--actor.band.adaptive", "entropy_power": "--actor.band.entropy_power",
+    "delta_range": "--actor.band.delta_range", "target_entropy": "--actor.band.target_entropy",
+    "controller_rate": "--actor.band.controller_rate",
+}  # fmt: skip
 
 
 def _upper_cap(text: str) -> float:
@@ -67,6 +86,32 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
         "--actor.band.backend", default=None, choices=BACKENDS,
         help="auto: fused Triton kernel on CUDA, torch elsewhere (default auto)",
     )  # fmt: skip
+    group.add_argument(
+        "--actor.band.adaptive", default=None, choices=ADAPTIVE_RULES,
+        help="none (default): one radius for every token; entropy: delta_t = clamp(delta (H_t / H_mean)^ALPHA, "
+        "LOW, HIGH) from the policy's detached entropy at each token (H_mean: the previous optimizer step's mean "
+        "over all its tokens and ranks); turns on OpenRLHF's entropy computation (--actor.entropy_coef 0 if unset: "
+        "logged, no bonus)",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.entropy_power", type=float, default=None, metavar="ALPHA",
+        help=f"the entropy rule's power, >= 0; 0 gives the constant radius (default {DEFAULT_ENTROPY_POWER:g})",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.delta_range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+        help=f"the range adaptive radii stay in, 0 < LOW <= delta <= HIGH (default delta / {DEFAULT_RANGE_FACTOR:g} "
+        f"to {DEFAULT_RANGE_FACTOR:g} delta, at most 1)",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.target_entropy", type=float, default=None, metavar="H",
+        help="turn on the radius controller: after each optimizer step delta moves multiplicatively toward keeping "
+        "the mean token entropy (nats) near H (below H: smaller steps), within --actor.band.delta_range",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.controller_rate", type=float, default=None, metavar="RATE",
+        help=f"the controller's rate: delta *= exp(RATE clip(H / target - 1, -0.2, 0.2)) per optimizer step "
+        f"(default {DEFAULT_CONTROLLER_RATE:g})",
+    )  # fmt: skip
 
 
 def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
@@ -90,6 +135,15 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
                 f"{refused[0]} does not apply to --actor.band.rule dcpo (DCPO's bounds depend only on its eps): "
                 "drop it, or use --actor.band.rule trust_region"
             )
+    # knobs of a rule that is not on would be silently ignored: refused instead
+    for key, needs, flag in (
+        ("entropy_power", band.adaptive == "entropy", "--actor.band.adaptive entropy"),
+        ("controller_rate", band.target_entropy is not None, "--actor.band.target_entropy H"),
+        ("delta_range", band.adaptive == "entropy" or band.target_entropy is not None,
+         "--actor.band.adaptive entropy or --actor.band.target_entropy H"),
+    ):  # fmt: skip
+        if key in given and not needs:
+            parser.error(f"--actor.band.{key} has no effect without {flag}")
     for key, default in BAND_DEFAULTS.items():
         if getattr(band, key, None) is None:
             setattr(band, key, default)
@@ -98,6 +152,10 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
     band.dcpo_eps = None
     try:
         _validate(band.divergence, band.delta, band.upper_cap, band.relax)
+        if band.rule == "trust_region":
+            band.delta_range = tuple(band.delta_range) if band.delta_range else default_delta_range(band.delta)
+            validate_adaptive(band.delta, band.adaptive, band.entropy_power, band.delta_range,
+                              band.target_entropy, band.controller_rate)  # fmt: skip
         if band.rule == "dcpo":  # OpenRLHF fills eps_clip_low_high from --actor.eps_clip later: read it now
             given_eps = args.actor.eps_clip_low_high
             band.dcpo_eps = tuple(given_eps) if given_eps is not None else DCPO_DEFAULT_EPS
@@ -107,6 +165,8 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"--actor.band: {err}")
     if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:
         parser.error(f"--actor.dual_clip must be > 1, got {args.actor.dual_clip}")
+    if (band.adaptive == "entropy" or band.target_entropy is not None) and args.actor.entropy_coef is None:
+        args.actor.entropy_coef = 0.0  # the adaptive radius reads the entropy OpenRLHF computes for its log
 
 
 def band_loss_kwargs(args) -> dict:
@@ -125,6 +185,11 @@ def band_loss_kwargs(args) -> dict:
         kwargs["bounds_fn"] = functools.partial(
             dcpo_bounds, eps_low=eps_low, eps_high=eps_high, upper_cap=band.upper_cap
         )
+    else:
+        kwargs.update(
+            adaptive=band.adaptive, entropy_power=band.entropy_power, delta_range=tuple(band.delta_range),
+            target_entropy=band.target_entropy, controller_rate=band.controller_rate,
+        )  # fmt: skip
     return kwargs
 
 
@@ -167,5 +232,22 @@ def resolved_loss_config(args) -> dict:
             "upper_cap": band.upper_cap,
             "relax": list(band.relax) if band.relax is not None else None,
             "backend": band.backend,
+            "adaptive": None,
+            "controller": None,
         }
+        if band.adaptive == "entropy":
+            config["band"]["adaptive"] = {
+                "rule": "entropy",
+                "formula": "delta_t = clamp(delta * (H_t / H_mean) ** entropy_power, *delta_range)",
+                "entropy_power": band.entropy_power,
+                "delta_range": list(band.delta_range),
+                "entropy": "the current policy's, detached, from OpenRLHF's training forward",
+                "mean_entropy": "the previous optimizer step's token mean over all ranks",
+            }
+        if band.target_entropy is not None:
+            config["band"]["controller"] = {
+                "target_entropy": band.target_entropy,
+                "rate": band.controller_rate,
+                "delta_range": list(band.delta_range),
+            }
     return config

@@ -11,7 +11,7 @@ _BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
 
 
 @torch.no_grad()
-def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None) -> dict[str, Tensor]:
+def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None, delta=None) -> dict[str, Tensor]:
     """0-d float32 metrics, each a mean over the unmasked tokens, so that OpenRLHF's token-weighted
     all-reduce over micro-batches and ranks gives the exact value over the whole step:
 
@@ -23,6 +23,9 @@ def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None) -> dict
         bin, and share that lies in it and was clipped (either side); bins p < 0.01, 0.01-0.1,
         0.1-0.5, >= 0.5. The clip rate within a bin is clipped_<bin> / tokens_<bin>: the band should
         clip rare tokens far less often than a fixed clip does.
+    band/delta_mean, band/delta_sq_mean: mean radius and mean squared radius over the tokens (when a
+        radius is given: not for bounds_fn rules such as DCPO); with a per-token radius the spread
+        is sqrt(delta_sq_mean - delta_mean^2), both exact after the reduction.
     """
     mask = torch.ones_like(out.loss, dtype=torch.bool) if action_mask is None else action_mask != 0
     count = mask.sum().clamp(min=1)
@@ -38,6 +41,13 @@ def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None) -> dict
         "band/upper_mean": share(out.upper),
         "band/width_mean": share(out.upper - out.lower),
     }
+    if delta is not None:
+        d = torch.as_tensor(delta, dtype=torch.float32, device=out.loss.device)
+        if d.dim() == 1 and out.loss.dim() == 2 and d.shape[0] == out.loss.shape[0] != out.loss.shape[1]:
+            d = d.unsqueeze(-1)  # per sequence, (B,)
+        d = d.expand(out.loss.shape)
+        metrics["band/delta_mean"] = share(d)
+        metrics["band/delta_sq_mean"] = share(d * d)
     p = old_log_probs.detach().float().exp()
     for name, lo, hi in zip(_BIN_NAMES, METRIC_PROB_BINS[:-1], METRIC_PROB_BINS[1:]):
         in_bin = (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))

@@ -12,6 +12,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from openrlhf_band.band.adaptive import (
+    DEFAULT_CONTROLLER_RATE,
+    DEFAULT_ENTROPY_POWER,
+    RadiusController,
+    default_delta_range,
+    entropy_adaptive_delta,
+    validate_adaptive,
+)
 from openrlhf_band.band.bounds import _validate
 from openrlhf_band.functional import BACKENDS, band_token_loss
 from openrlhf_band.integration.metrics import band_metrics
@@ -29,6 +37,17 @@ class BandPolicyLoss(nn.Module):
 
     `bounds_fn(old_log_probs) -> (lower, upper)` replaces the band with any other rule of the old
     log-probs (a fixed interval, a probability-dependent clip); its bounds are used as given.
+
+    Adaptive radii (`openrlhf_band.band.adaptive`): `adaptive="entropy"` gives each token
+    delta_t = clamp(delta (H_t / H_mean)^entropy_power, *delta_range) from the entropy H_t that
+    `forward(..., entropy=...)` receives (the detached entropy of the forward that produced
+    `log_probs`: OpenRLHF's training_step computes it for its entropy log). H_mean is the
+    token-weighted mean entropy of the previous optimizer step over all its tokens on all ranks
+    (all-reduced in `after_optimizer_step`): one normaliser for every token of a step, whichever
+    micro-batch or rank it lands in, and no extra pass; before the first step, the micro-batch's own
+    mean. `target_entropy` turns on the radius controller, which moves `delta` after each optimizer
+    step from that step's mean entropy (`after_optimizer_step`); `band_state` / `load_band_state`
+    carry it through checkpoints.
     """
 
     def __init__(
@@ -49,9 +68,18 @@ class BandPolicyLoss(nn.Module):
         relax: tuple[float, float] | None = None,
         backend: str = "auto",
         bounds_fn: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
+        adaptive: str = "none",
+        entropy_power: float = DEFAULT_ENTROPY_POWER,
+        delta_range: tuple[float, float] | None = None,
+        target_entropy: float | None = None,
+        controller_rate: float = DEFAULT_CONTROLLER_RATE,
     ) -> None:
         super().__init__()
         _validate(divergence, delta, upper_cap, relax)
+        delta_range = tuple(delta_range) if delta_range is not None else default_delta_range(delta)
+        validate_adaptive(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate)
+        if bounds_fn is not None and (adaptive != "none" or target_entropy is not None):
+            raise ValueError("adaptive radii act on the band's delta: they do not apply to bounds_fn rules")
         if policy_loss_type not in ("band", "ppo"):
             raise ValueError(f"BandPolicyLoss implements the band (ppo-style) loss, not {policy_loss_type!r}")
         if dual_clip is not None and not dual_clip > 1.0:
@@ -82,7 +110,79 @@ class BandPolicyLoss(nn.Module):
         self.divergence, self.delta, self.upper_cap, self.relax = divergence, float(delta), upper_cap, relax
         self.backend = backend
         self.bounds_fn = bounds_fn
+        self.adaptive, self.entropy_power, self.delta_range = adaptive, float(entropy_power), delta_range
+        self.controller = (
+            RadiusController(float(delta), float(target_entropy), float(controller_rate), delta_range)
+            if target_entropy is not None
+            else None
+        )
+        self.previous_entropy_mean: float | None = None
+        self._entropy_sum = self._entropy_count = 0.0  # over the micro-batches of the current optimizer step
         self.band_metrics: dict[str, Tensor] = {}
+        self.last_bounds: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether forward needs `entropy`: the entropy rule, or the controller (its signal)."""
+        return self.adaptive == "entropy" or self.controller is not None
+
+    def _radius(self, entropy: Tensor | None, action_mask: Tensor | None):
+        """This call's delta (a float, or a per-token tensor for the entropy rule) and the entropy
+        metrics; accumulates the entropy for `after_optimizer_step`."""
+        base = self.controller.delta if self.controller is not None else self.delta
+        if not self.needs_entropy:
+            return base, {}
+        if entropy is None:
+            raise ValueError("this BandPolicyLoss adapts its radius to the entropy: pass forward(..., entropy=H)")
+        h = entropy.detach().float()
+        mask = torch.ones_like(h, dtype=torch.bool) if action_mask is None else action_mask != 0
+        h_sum, count = torch.where(mask, h, 0.0).sum(), mask.sum()
+        # accumulated on the device: no host sync per micro-batch, one per optimizer step
+        self._entropy_sum = self._entropy_sum + h_sum.double()
+        self._entropy_count = self._entropy_count + count.double()
+        local_mean = (h_sum / count.clamp(min=1)).float()
+        metrics = {"band/entropy_mean": local_mean}
+        if self.controller is not None:
+            metrics["band/controller_delta"] = torch.tensor(base, dtype=torch.float32, device=h.device)
+        if self.adaptive != "entropy" or self.entropy_power == 0:  # power 0: the constant radius, exactly
+            return base, metrics
+        # before the first optimizer step there is no previous mean: this micro-batch's own
+        mean = local_mean if self.previous_entropy_mean is None else self.previous_entropy_mean
+        deltas = entropy_adaptive_delta(base, torch.where(mask, h, 0.0), mean, self.entropy_power, self.delta_range)
+        return deltas, metrics
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """Close an optimizer step: its mean entropy over all its tokens on all ranks (one all-reduce
+        of two numbers) becomes the next step's normaliser, and the controller moves the radius."""
+        if not self.needs_entropy:
+            return
+        totals = torch.stack([torch.as_tensor(self._entropy_sum, dtype=torch.float64),
+                              torch.as_tensor(self._entropy_count, dtype=torch.float64)])  # fmt: skip
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            if torch.distributed.get_backend() == "nccl":
+                totals = totals.cuda()
+            torch.distributed.all_reduce(totals)
+        self._entropy_sum = self._entropy_count = 0.0
+        total, count = totals.tolist()
+        if count == 0:
+            return
+        mean = total / count
+        self.previous_entropy_mean = mean
+        if self.controller is not None:
+            self.controller.update(mean)
+
+    def band_state(self) -> dict:
+        """What a checkpoint must carry to resume the adaptive radius exactly."""
+        state = {"previous_entropy_mean": self.previous_entropy_mean}
+        if self.controller is not None:
+            state["controller"] = self.controller.state_dict()
+        return state
+
+    def load_band_state(self, state: dict) -> None:
+        self.previous_entropy_mean = state.get("previous_entropy_mean")
+        if self.controller is not None and "controller" in state:
+            self.controller.load_state_dict(state["controller"])
 
     def forward(
         self,
@@ -95,12 +195,17 @@ class BandPolicyLoss(nn.Module):
         batch_num_tokens: float | None = None,
         global_batch_size: float | None = None,
         delta: float | Tensor | None = None,
+        entropy: Tensor | None = None,
     ):
         """OpenRLHF's PolicyLoss.forward, plus `delta`: this call's radius, a number or a tensor per
-        token (B, T) / per sequence (B, 1) (no gradient); None uses the constructor's."""
+        token (B, T) / per sequence (B, 1) (no gradient), overriding the constructor's and any adaptive
+        rule; and `entropy` (B, T): the policy's entropy per token, which the adaptive rules need."""
         from openrlhf.models.loss import aggregate_loss
         from openrlhf.models.utils import masked_mean
 
+        adaptive_metrics = {}
+        if delta is None and self.bounds_fn is None:
+            delta, adaptive_metrics = self._radius(entropy, action_mask)
         bounds = self.bounds_fn(old_log_probs) if self.bounds_fn is not None else None
         out = band_token_loss(
             log_probs, old_log_probs, advantages, action_mask, divergence=self.divergence,
@@ -154,5 +259,7 @@ class BandPolicyLoss(nn.Module):
         clipped = out.clipped_upper | out.clipped_lower
         clip_ratio = masked_mean(clipped.float(), action_mask, dim=None)
         ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
-        self.band_metrics = band_metrics(out, old_log_probs, action_mask)
+        self.last_bounds = (out.lower, out.upper)  # per token, for callers' own clip statistics
+        self.band_metrics = band_metrics(out, old_log_probs, action_mask, delta=delta)
+        self.band_metrics.update(adaptive_metrics)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio

@@ -285,3 +285,87 @@ def test_no_process_of_any_run_is_left(chi2_run, kl_run, ppo_run, dcpo_resumed, 
 
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+# --- adaptive radii (issue 13) ---------------------------------------------------------------------
+# The controller with an unreachable target: its error is clipped at -0.2 at every optimizer step,
+# so the radius shrinks by exactly exp(-0.2 * rate) per step whatever the entropy: a resumed run's
+# radius tells whether the saved state was restored.
+CONTROLLER_ARGS = (
+    "--loss", "band", "--actor.band.adaptive", "entropy", "--actor.band.target_entropy", "1e6",
+    "--actor.band.controller_rate", "1", "--actor.band.delta_range", "0.001", "0.2", "--data.max_samples", "4",
+)  # fmt: skip
+SHRINK = math.exp(-0.2)  # per optimizer step; the harness makes 4 per rollout (16 samples, 4 per step)
+
+
+@pytest.fixture(scope="session")
+def controller_saved(e2e_root) -> Run:
+    return trained(e2e_root / "controller-save", *CONTROLLER_ARGS, "--ckpt.save_steps", "1")
+
+
+@pytest.fixture(scope="session")
+def controller_resumed(e2e_root, controller_saved) -> Run:
+    return trained(
+        e2e_root / "controller-resume", *CONTROLLER_ARGS, "--train.num_episodes", "2",
+        "--ckpt.path", str(controller_saved.out / "ckpt"), "--ckpt.load_enable",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def entropy_rule_run(e2e_root) -> Run:
+    return trained(e2e_root / "entropy-rule", "--loss", "band", "--actor.band.adaptive", "entropy",
+                   "--data.max_samples", "4")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def two_epoch_run(e2e_root) -> Run:
+    """One rollout trained for two epochs with one optimizer step each (all 16 samples per step):
+    the first epoch's forwards are pi_old's, the second's the policy one optimizer step later, on the
+    same tokens (the shim's entropy probe logs each loss call)."""
+    return trained(
+        e2e_root / "entropy-two-epochs", "--loss", "band", "--actor.band.adaptive", "entropy",
+        "--data.max_samples", "4", "--train.batch_size", "16", "--train.max_epochs", "2",
+    )  # fmt: skip
+
+
+def test_entropy_rule_through_the_real_engine(entropy_rule_run):
+    assert "adaptive='entropy'" in resolved_band(entropy_rule_run)
+    scalars = entropy_rule_run.scalars()
+    delta, delta_sq = scalars["train/band/delta_mean"][1], scalars["train/band/delta_sq_mean"][1]
+    assert 0.0125 <= delta <= 0.2 and delta_sq >= delta**2 * (1 - 1e-6)  # inside the default range
+    assert delta_sq > delta**2 * (1 + 1e-4)  # per-token radii: a real spread, not one value
+    assert scalars["train/band/entropy_mean"][1] > 0
+    assert "train/band/controller_delta" not in scalars
+
+
+def test_current_entropy_against_pi_old_entropy_on_the_same_tokens(two_epoch_run):
+    calls = [json.loads(line) for line in (two_epoch_run.out / "entropy.jsonl").read_text().splitlines()]
+    assert len(calls) == 16  # 16 samples, micro-batch 2, two epochs
+    first, second = calls[:8], calls[8:]
+    assert sum(c["tokens"] for c in first) == sum(c["tokens"] for c in second)  # the same tokens, reshuffled
+    h_old = sum(c["sum"] for c in first) / sum(c["tokens"] for c in first)
+    h_next = sum(c["sum"] for c in second) / sum(c["tokens"] for c in second)
+    relative = abs(h_next - h_old) / h_old
+    print(f"\nmean entropy of the rollout's tokens: pi_old {h_old:.4f}, one optimizer step later {h_next:.4f} "
+          f"({relative:.2%})")  # fmt: skip
+    # one optimizer step at the harness's lr 1e-4 (100x the recipe's 1e-6) moves it by at most this much
+    assert relative < 0.1, (h_old, h_next)
+
+
+def test_controller_runs_every_step_and_resumes_from_its_saved_radius(controller_saved, controller_resumed):
+    import torch
+
+    saved = controller_saved.scalars()["train/band/controller_delta"]
+    assert sorted(saved) == [1]
+    # within step 1 the radius took the values 0.05 * SHRINK^k, k = 0..3: their token-weighted mean
+    assert 0.05 * SHRINK**3 <= saved[1] <= 0.05
+    states = [torch.load(f, map_location="cpu", weights_only=False) for f in
+              (controller_saved.out / "ckpt" / "_actor" / "global_step1").glob("*model_states.pt")]  # fmt: skip
+    band_state = next(s["openrlhf_band"] for s in states if "openrlhf_band" in s)
+    assert band_state["controller"]["steps"] == 4
+    assert band_state["controller"]["delta"] == pytest.approx(0.05 * SHRINK**4, rel=1e-9)
+    resumed = controller_resumed.scalars()["train/band/controller_delta"]
+    assert sorted(resumed) == [2]  # the step counter continues
+    # resumed from the saved radius: it starts at 0.05 SHRINK^4 and goes on shrinking (a fresh
+    # controller would start again at 0.05)
+    assert 0.05 * SHRINK**7 <= resumed[2] <= 0.05 * SHRINK**4 * (1 + 1e-6)

@@ -87,7 +87,10 @@ def test_metrics_match_a_hand_computation():
     assert set(m) == {
         "band/clip_frac_upper", "band/clip_frac_lower", "band/lower_mean", "band/upper_mean", "band/width_mean",
         *(f"band/tokens_{b}" for b in bins), *(f"band/clipped_{b}" for b in bins),
+        "band/delta_mean", "band/delta_sq_mean",
     }  # fmt: skip
+    assert m["band/delta_mean"].item() == pytest.approx(0.05)
+    assert m["band/delta_sq_mean"].item() == pytest.approx(0.0025)
     assert all(v.dim() == 0 and v.dtype == torch.float32 for v in m.values())
     keep = mask.bool()
     n = keep.sum()
@@ -131,8 +134,8 @@ def test_the_readme_metrics_table_lists_exactly_the_emitted_keys():
     table = [line for line in section.splitlines() if line.startswith("| `band/")]
     documented = {key for line in table for key in re.findall(r"`(band/[^`]+)`", line.split(" | ")[0])}
     log_probs, old, _, adv, mask = make_batch(seed=3)
-    loss_fn = BandPolicyLoss(backend="torch")
-    loss_fn(log_probs, old, adv, action_mask=mask)
+    loss_fn = BandPolicyLoss(backend="torch", adaptive="entropy", target_entropy=1.0)  # every key it can emit
+    loss_fn(log_probs, old, adv, action_mask=mask, entropy=torch.rand_like(old))
     assert documented == set(loss_fn.band_metrics)
 
 
@@ -164,3 +167,73 @@ def test_per_token_delta_passes_through_and_a_constant_tensor_equals_the_scalar(
     lower, upper = band_bounds(old, divergence, per_row, upper_cap=10.0)
     keep = mask.bool()
     torch.testing.assert_close(loss_fn.band_metrics["band/upper_mean"], upper[keep].mean())
+
+
+def _entropy_like(old, seed=3):
+    return torch.rand(old.shape, generator=torch.Generator().manual_seed(seed)) * 2.0
+
+
+def test_entropy_rule_with_power_zero_is_exactly_the_constant_radius():
+    log_probs, old, _, adv, mask = make_batch(seed=11)
+    constant = BandPolicyLoss(backend="torch", divergence="kl", delta=0.05)
+    adaptive = BandPolicyLoss(backend="torch", divergence="kl", delta=0.05, adaptive="entropy", entropy_power=0.0)
+    a = constant(log_probs, old, adv, action_mask=mask)
+    b = adaptive(log_probs, old, adv, action_mask=mask, entropy=_entropy_like(old))
+    assert torch.equal(a[0], b[0])
+    for key, value in constant.band_metrics.items():
+        assert torch.equal(value, adaptive.band_metrics[key]), key
+
+
+def test_entropy_rule_gives_each_token_its_radius():
+    log_probs, old, _, adv, mask = make_batch(seed=12)
+    entropy = _entropy_like(old)
+    loss_fn = BandPolicyLoss(backend="torch", divergence="chi2", delta=0.05, adaptive="entropy", entropy_power=1.0,
+                             delta_range=(0.01, 0.2), upper_cap=None)  # fmt: skip
+    loss_fn(log_probs, old, adv, action_mask=mask, entropy=entropy)
+    keep = mask.bool()
+    h_mean = entropy[keep].mean()  # before any optimizer step: this micro-batch's own mean
+    want = (0.05 * entropy / h_mean).clamp(0.01, 0.2)
+    lower, upper = band_bounds(old, "chi2", want)
+    torch.testing.assert_close(loss_fn.band_metrics["band/upper_mean"], upper[keep].mean())
+    torch.testing.assert_close(loss_fn.band_metrics["band/delta_mean"], want[keep].mean())
+    torch.testing.assert_close(loss_fn.band_metrics["band/delta_sq_mean"], (want[keep] ** 2).mean())
+    torch.testing.assert_close(loss_fn.band_metrics["band/entropy_mean"], h_mean)
+    # after an optimizer step, the normaliser is that step's mean over all its tokens
+    second = _entropy_like(old, seed=4)
+    loss_fn(log_probs, old, adv, action_mask=mask, entropy=second)
+    loss_fn.after_optimizer_step()
+    step_mean = (entropy[keep].sum() + second[keep].sum()) / (2 * keep.sum())
+    assert loss_fn.previous_entropy_mean == pytest.approx(float(step_mean), rel=1e-6)
+    loss_fn(log_probs, old, adv, action_mask=mask, entropy=entropy)
+    torch.testing.assert_close(
+        loss_fn.band_metrics["band/delta_mean"], (0.05 * entropy / step_mean).clamp(0.01, 0.2)[keep].mean()
+    )
+
+
+def test_controller_moves_delta_after_each_optimizer_step_and_checkpoints_it():
+    log_probs, old, _, adv, mask = make_batch(seed=13)
+    low_entropy = torch.full_like(old, 0.1)
+    loss_fn = BandPolicyLoss(backend="torch", delta=0.05, target_entropy=1.0, controller_rate=0.5,
+                             delta_range=(0.01, 0.2))  # fmt: skip
+    deltas = []
+    for _ in range(3):
+        loss_fn(log_probs, old, adv, action_mask=mask, entropy=low_entropy)
+        deltas.append(loss_fn.band_metrics["band/controller_delta"].item())
+        assert loss_fn.band_metrics["band/delta_mean"].item() == pytest.approx(deltas[-1])
+        loss_fn.after_optimizer_step()
+    # entropy below the target: the radius shrinks by exp(0.5 * -0.2) per optimizer step
+    assert deltas == pytest.approx([0.05, 0.05 * math.exp(-0.1), 0.05 * math.exp(-0.2)], rel=1e-6)
+    state = loss_fn.band_state()
+    fresh = BandPolicyLoss(backend="torch", delta=0.05, target_entropy=1.0, controller_rate=0.5,
+                           delta_range=(0.01, 0.2))  # fmt: skip
+    fresh.load_band_state(state)
+    assert fresh.controller.delta == loss_fn.controller.delta and fresh.controller.steps == 3
+    assert fresh.previous_entropy_mean == pytest.approx(0.1)
+
+
+def test_adaptive_rules_need_the_entropy_and_refuse_bounds_fn():
+    log_probs, old, _, adv, mask = make_batch(seed=14)
+    with pytest.raises(ValueError, match="entropy"):
+        BandPolicyLoss(backend="torch", adaptive="entropy")(log_probs, old, adv, action_mask=mask)
+    with pytest.raises(ValueError, match="bounds_fn"):
+        BandPolicyLoss(backend="torch", adaptive="entropy", bounds_fn=lambda o: (o * 0 + 0.8, o * 0 + 1.2))

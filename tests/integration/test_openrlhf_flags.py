@@ -29,6 +29,7 @@ def test_short_and_dotted_spellings_resolve_identically():
     assert short == dotted
     assert short["band"] == {
         "rule": "trust_region", "divergence": "chi2", "delta": 0.1, "upper_cap": 10.0, "relax": None, "backend": "auto",
+        "adaptive": None, "controller": None,
     }  # fmt: skip
 
 
@@ -123,3 +124,43 @@ def test_openrlhf_own_test_suite_passes_on_the_patched_tree(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
+
+
+def test_adaptive_flags_resolve_and_turn_on_the_entropy():
+    cfg = config(
+        "--loss", "band", "--actor.band.adaptive", "entropy", "--actor.band.entropy_power", "0.5",
+        "--actor.band.delta_range", "0.02", "0.1", "--actor.band.target_entropy", "1.5",
+    )  # fmt: skip
+    adaptive, controller = cfg["band"]["adaptive"], cfg["band"]["controller"]
+    assert adaptive["rule"] == "entropy" and adaptive["entropy_power"] == 0.5 and adaptive["delta_range"] == [0.02, 0.1]
+    assert controller == {"target_entropy": 1.5, "rate": 0.1, "delta_range": [0.02, 0.1]}
+    assert cfg["entropy_coef"] == 0.0  # unset, so turned on for the log only (no bonus)
+    plain = config("--loss", "band")
+    assert plain["band"]["adaptive"] is None and plain["band"]["controller"] is None
+    args = validate_train_args([*BASE, "--loss", "band", "--actor.band.adaptive", "entropy"])
+    kwargs = band_loss_kwargs(args)
+    assert kwargs["adaptive"] == "entropy" and kwargs["delta_range"] == (0.0125, 0.2)  # defaults: delta / 4 .. 4 delta
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--actor.band.adaptive", "entropy"], "needs the band loss"),
+        (["--loss", "band", "--actor.band.adaptive", "entropy", "--actor.band.entropy_power", "-1"], "entropy_power"),
+        (["--loss", "band", "--actor.band.adaptive", "entropy", "--actor.band.delta_range", "0.2", "0.1"],
+         "delta_range"),
+        (["--loss", "band", "--actor.band.adaptive", "entropy", "--actor.band.delta_range", "0.1", "0.2"],
+         "must lie in delta_range"),
+        (["--loss", "band", "--actor.band.entropy_power", "2"], "has no effect without --actor.band.adaptive"),
+        (["--loss", "band", "--actor.band.controller_rate", "0.2"], "has no effect without --actor.band.target"),
+        (["--loss", "band", "--actor.band.delta_range", "0.01", "0.1"], "has no effect without"),
+        (["--loss", "band", "--actor.band.target_entropy", "-1"], "target_entropy"),
+        (["--loss", "band", "--actor.band.rule", "dcpo", "--actor.band.adaptive", "entropy"],
+         "does not apply to --actor.band.rule dcpo"),
+    ],
+)  # fmt: skip
+def test_bad_adaptive_flags_fail_at_parse_time(extra, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        validate_train_args([*BASE, *extra])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

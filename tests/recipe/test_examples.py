@@ -18,6 +18,7 @@ EXPECTED = {
     "bandpo_kl.sh": ("band", {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0}),
     "bandpo_tv.sh": ("band", {"rule": "trust_region", "divergence": "tv", "delta": 0.05, "upper_cap": 10.0}),
     "bandpo_chi2.sh": ("band", {"rule": "trust_region", "divergence": "chi2", "delta": 0.05, "upper_cap": 10.0}),
+    "bandpo_adaptive.sh": ("band", {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0}),
     "grpo_clip.sh": ("ppo", None),
     "clip_higher.sh": ("ppo", None),
     "dcpo.sh": ("band", {"rule": "dcpo", "upper_cap": 10.0, "dcpo_eps": [0.16, 0.2]}),
@@ -55,6 +56,10 @@ def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
         assert "band" not in config
     else:
         assert {k: config["band"][k] for k in band} == band
+    if script == "bandpo_adaptive.sh":
+        assert config["band"]["adaptive"]["rule"] == "entropy" and config["band"]["adaptive"]["entropy_power"] == 1.0
+    elif band is not None and band["rule"] == "trust_region":
+        assert config["band"]["adaptive"] is None
     if script == "clip_higher.sh":
         assert config["eps_clip_low_high"] == [0.2, 0.28]
     if band is not None:  # the band ignores the clip eps, so they are not shown

@@ -173,6 +173,24 @@ def _record_trainer_weights(module) -> None:
     module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
 
 
+def _record_loss_entropy(module) -> None:
+    """Probe, not a patch: each call of the band loss that receives an entropy appends its token sum and
+    count to $E2E_ENTROPY_LOG (to compare the entropy of the same tokens before and after a step)."""
+    original = module.BandPolicyLoss.forward
+
+    def forward(self, *args, entropy=None, **kwargs):
+        result = original(self, *args, entropy=entropy, **kwargs)
+        path = os.environ.get("E2E_ENTROPY_LOG")
+        if path and entropy is not None:
+            mask = kwargs.get("action_mask")
+            keep = (mask != 0) if mask is not None else (entropy == entropy)
+            with open(path, "a") as f:
+                f.write(json.dumps({"sum": float(entropy[keep].sum()), "tokens": int(keep.sum())}) + "\n")
+        return result
+
+    module.BandPolicyLoss.forward = forward
+
+
 # module -> [(patch name, function)]; the reasons are the functions' docstrings
 PATCHES = {
     "openrlhf.trainer.ray.ppo_actor": [("cuda_on_cpu", _cuda_on_cpu), ("sync_probe", _record_trainer_weights)],
@@ -184,6 +202,7 @@ PATCHES = {
         ("gloo_weight_sync", _gloo_weight_sync_group),
     ],
     "openrlhf.trainer.ray.vllm_worker_wrap": [("cpu_weight_reload", _cpu_weight_reload)],
+    "openrlhf_band.integration.policy_loss": [("entropy_probe", _record_loss_entropy)],
 }
 SKIPPED = set(filter(None, os.environ.get("E2E_SHIM_SKIP", "").split(",")))  # to show a patch is needed
 

@@ -1,0 +1,116 @@
+"""Adaptive radii for the Band: a radius per token from the policy's entropy, and a controller that
+moves the base radius over training toward a target entropy.
+
+Entropy rule (per token t, no gradient):
+
+    delta_t = clamp(delta * (H_t / H_mean) ** alpha, delta_low, delta_high)
+
+H_t is the entropy (nats) of the policy's next-token distribution at t, H_mean a token-weighted
+mean entropy (which tokens: see `BandPolicyLoss`), alpha >= 0 the power (alpha = 0: delta_t =
+delta exactly). Tokens where the policy is surer than average get a tighter trust region, uncertain
+ones a looser one: the direction the BandPO paper names first.
+
+Controller (after each optimizer step, from that step's mean entropy H over all its tokens):
+
+    delta <- clamp(delta * exp(rate * clip(H / H_target - 1, -0.2, 0.2)), delta_low, delta_high)
+
+in the spirit of OpenRLHF's adaptive KL controller (a proportional error, clipped, applied
+multiplicatively). The sign is the trust region's: entropy below the target means the policy is
+collapsing faster than wanted, so the radius, the size of each step, shrinks; entropy above it lets
+the steps grow. At most a factor e^(0.2 rate) per optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from openrlhf_band.band.bounds import is_real_number
+
+ADAPTIVE_RULES = ("none", "entropy")
+CONTROLLER_ERROR_CLIP = 0.2
+# Defaults (README, "Adaptive radius"): alpha = 1 (the radius proportional to the relative entropy),
+# radii within a factor 4 of the base radius, the controller's step at most e^(0.2 x 0.1) = 2% per
+# optimizer step.
+DEFAULT_ENTROPY_POWER = 1.0
+DEFAULT_RANGE_FACTOR = 4.0
+DEFAULT_CONTROLLER_RATE = 0.1
+
+
+def default_delta_range(delta: float) -> tuple[float, float]:
+    """[delta / 4, 4 delta] (capped at 1, the top of the operator's tested range; delta itself if larger)."""
+    return float(delta) / DEFAULT_RANGE_FACTOR, min(float(delta) * DEFAULT_RANGE_FACTOR, max(1.0, float(delta)))
+
+
+def validate_adaptive(
+    delta: float,
+    adaptive: str,
+    entropy_power: float,
+    delta_range: tuple[float, float],
+    target_entropy: float | None,
+    controller_rate: float,
+) -> None:
+    """ValueError for an unknown rule, alpha < 0, a range that is not 0 < low <= delta <= high < inf,
+    a target entropy or rate that is not a positive finite number."""
+    if adaptive not in ADAPTIVE_RULES:
+        raise ValueError(f"adaptive must be one of {', '.join(ADAPTIVE_RULES)}, got {adaptive!r}")
+    if not (is_real_number(entropy_power) and math.isfinite(entropy_power) and entropy_power >= 0):
+        raise ValueError(f"entropy_power (alpha) must be a finite number >= 0, got {entropy_power!r}")
+    ok = isinstance(delta_range, (tuple, list)) and len(delta_range) == 2
+    ok = ok and all(is_real_number(v) and math.isfinite(v) for v in delta_range)
+    if not ok or not 0 < delta_range[0] <= delta_range[1]:
+        raise ValueError(f"delta_range must be two finite numbers 0 < LOW <= HIGH, got {delta_range!r}")
+    if not delta_range[0] <= delta <= delta_range[1]:
+        raise ValueError(f"delta {delta!r} must lie in delta_range [{delta_range[0]!r}, {delta_range[1]!r}]")
+    if target_entropy is not None and not (
+        is_real_number(target_entropy) and math.isfinite(target_entropy) and target_entropy > 0
+    ):
+        raise ValueError(f"target_entropy must be a positive finite number (nats), got {target_entropy!r}")
+    if not (is_real_number(controller_rate) and math.isfinite(controller_rate) and controller_rate > 0):
+        raise ValueError(f"controller_rate must be a positive finite number, got {controller_rate!r}")
+
+
+@torch.no_grad()
+def entropy_adaptive_delta(
+    delta: float, entropy: Tensor, mean_entropy: Tensor | float, power: float, delta_range: tuple[float, float]
+) -> Tensor:
+    """delta_t = clamp(delta * (H_t / H_mean) ** power, low, high), float32, entropy's shape.
+
+    A zero entropy (a one-hot policy) gives delta_low for power > 0; a zero or non-finite mean
+    gives delta itself (no information to scale by); power = 0 gives delta exactly."""
+    h = entropy.detach().float().clamp(min=0.0)
+    mean = torch.as_tensor(mean_entropy, dtype=torch.float32, device=h.device)
+    if power == 0:
+        return torch.full_like(h, float(delta))
+    usable = torch.isfinite(mean) & (mean > 0)
+    relative = torch.where(usable, h / torch.where(usable, mean, 1.0), 1.0)
+    return (float(delta) * relative.pow(float(power))).clamp(float(delta_range[0]), float(delta_range[1]))
+
+
+@dataclass
+class RadiusController:
+    """The base radius, moved after each optimizer step toward the one that keeps the mean entropy at
+    `target_entropy` (module docstring). `state_dict` / `load_state_dict` for checkpoints."""
+
+    delta: float
+    target_entropy: float
+    rate: float
+    delta_range: tuple[float, float]
+    steps: int = 0
+
+    def update(self, mean_entropy: float) -> float:
+        if math.isfinite(mean_entropy):
+            error = min(max(mean_entropy / self.target_entropy - 1.0, -CONTROLLER_ERROR_CLIP), CONTROLLER_ERROR_CLIP)
+            low, high = self.delta_range
+            self.delta = min(max(self.delta * math.exp(self.rate * error), low), high)
+        self.steps += 1
+        return self.delta
+
+    def state_dict(self) -> dict:
+        return {"delta": self.delta, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.delta, self.steps = float(state["delta"]), int(state["steps"])

@@ -1,0 +1,47 @@
+"""What the patched `ActorPPOTrainer` / `PolicyModelActor` call around the loss: each is a no-op for
+any loss but a `BandPolicyLoss` with an adaptive radius, so the patch lines stay unconditional."""
+
+from __future__ import annotations
+
+from openrlhf_band.integration.flags import band_loss_kwargs
+from openrlhf_band.integration.policy_loss import BandPolicyLoss
+
+CHECKPOINT_KEY = "openrlhf_band"  # the entry of OpenRLHF's checkpoint client_states
+
+
+def loss_class_and_kwargs(args, policy_loss_class) -> tuple[type, dict]:
+    """The actor's loss class and its extra keyword arguments: OpenRLHF's own PolicyLoss and none,
+    or BandPolicyLoss and the band's arguments when `--loss band` is selected."""
+    if args.actor.policy_loss_type == "band":
+        return BandPolicyLoss, band_loss_kwargs(args)
+    return policy_loss_class, {}
+
+
+def band_loss_inputs(loss_fn, output, action_mask) -> dict:
+    """Keyword arguments the loss takes from this training forward: the detached entropy of the
+    action tokens (B, A) when its radius adapts to it, else none."""
+    if isinstance(loss_fn, BandPolicyLoss) and loss_fn.needs_entropy:
+        return {"entropy": output.entropy[:, -action_mask.shape[1] :].detach()}
+    return {}
+
+
+def band_after_step(loss_fn, engine) -> None:
+    """After OpenRLHF's `optimizer_step` (called for every micro-batch; DeepSpeed updates the weights
+    only at the end of a gradient-accumulation window, which `was_step_applied` reports, on all
+    ranks alike): close the optimizer step when one really happened."""
+    if not (isinstance(loss_fn, BandPolicyLoss) and loss_fn.needs_entropy):
+        return
+    applied = getattr(engine, "was_step_applied", None)
+    if applied is None or applied():
+        loss_fn.after_optimizer_step()
+
+
+def band_checkpoint_state(loss_fn) -> dict:
+    """The loss's state for a checkpoint's client_states (empty for other losses)."""
+    return {CHECKPOINT_KEY: loss_fn.band_state()} if isinstance(loss_fn, BandPolicyLoss) else {}
+
+
+def band_load_checkpoint_state(loss_fn, checkpoint_states: dict | None) -> None:
+    """Restore what `band_checkpoint_state` saved (on resume)."""
+    if isinstance(loss_fn, BandPolicyLoss) and checkpoint_states and CHECKPOINT_KEY in checkpoint_states:
+        loss_fn.load_band_state(checkpoint_states[CHECKPOINT_KEY])
