@@ -174,13 +174,16 @@ def _root_table(name: str, delta: float, device: torch.device) -> Tensor:
         increasing=True, bisect_steps=2 * _BISECT_STEPS, newton_steps=_NEWTON_STEPS,
     )  # fmt: skip
 
-    coefficients = []
-    for values in (upper_log_q, lower_b):
-        slopes = (values[:-4] - 8 * values[1:-3] + 8 * values[3:-1] - values[4:]) / 12  # d/dt, inner
-        y = values[2:-2]  # the cells + 1 real nodes
-        y0, y1, d0, d1 = y[:-1], y[1:], slopes[:-1], slopes[1:]
-        coefficients += [y0, d0, 3 * (y1 - y0) - 2 * d0 - d1, 2 * (y0 - y1) + d0 + d1]
-    return torch.stack(coefficients).contiguous().to(device)
+    return torch.stack(_hermite_rows(upper_log_q) + _hermite_rows(lower_b)).contiguous().to(device)
+
+
+def _hermite_rows(values: Tensor) -> list[Tensor]:
+    """Cubic Hermite coefficients c0..c3 per cell (t in [0, 1) within a cell) from node values with
+    two ghost nodes on each side, slopes from fourth-order central differences."""
+    slopes = (values[:-4] - 8 * values[1:-3] + 8 * values[3:-1] - values[4:]) / 12  # d/dt, inner nodes
+    y = values[2:-2]  # the cells + 1 real nodes
+    y0, y1, d0, d1 = y[:-1], y[1:], slopes[:-1], slopes[1:]
+    return [y0, d0, 3 * (y1 - y0) - 2 * d0 - d1, 2 * (y0 - y1) + d0 + d1]
 
 
 def _table_position(x: Tensor, cells: int) -> tuple[Tensor, Tensor]:
@@ -323,11 +326,7 @@ def _edge_tables(name: str, delta: float, device: torch.device) -> Tensor:
     for which, inverse in zip(("upper", "lower"), div.edge_inverse):
         x = inverse(delta + torch.exp(u))
         lower, upper = _solved_roots(div, delta, x, bisect_steps=2 * _BISECT_STEPS, newton_steps=_NEWTON_STEPS)
-        values = torch.log(upper) + x if which == "upper" else torch.log(lower) + x  # log q
-        slopes = (values[:-4] - 8 * values[1:-3] + 8 * values[3:-1] - values[4:]) / 12
-        y = values[2:-2]
-        y0, y1, d0, d1 = y[:-1], y[1:], slopes[:-1], slopes[1:]
-        coefficients += [y0, d0, 3 * (y1 - y0) - 2 * d0 - d1, 2 * (y0 - y1) + d0 + d1]
+        coefficients += _hermite_rows(torch.log(upper if which == "upper" else lower) + x)  # log q
     table = torch.stack(coefficients)
     if not torch.isfinite(table).all():
         raise RuntimeError(f"the {name} edge table for delta={delta} has non-finite entries")  # a bug, not input
