@@ -12,6 +12,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
 from unittest import mock
 
@@ -51,6 +52,21 @@ def validate_train_args(argv: Sequence[str]):
     raise RuntimeError("train_ppo_ray returned without reaching train(); is the patch set applied?")
 
 
+def _where_in_openrlhf(err: BaseException) -> str:
+    """' (at openrlhf/<file>:<line>: <source>)' for the innermost OpenRLHF frame of err's traceback.
+
+    OpenRLHF's validation fails with bare errors on missing options (0.11.2 runs
+    `args.reward.model_name_or_path.split(",")` when neither a reward model nor
+    `--reward.remote_url` is given: an AttributeError on None); its source line names the option.
+    """
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if "/openrlhf/" in f.filename.replace("\\", "/")]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    where = "openrlhf/" + frame.filename.replace("\\", "/").rsplit("/openrlhf/", 1)[1]
+    return f" (at {where}:{frame.lineno}: {(frame.line or '').strip()})"
+
+
 def main(argv: Sequence[str]) -> int:
     """Exactly one JSON document on stdout (the resolved loss configuration), everything else on
     stderr: what OpenRLHF, DeepSpeed and others print while the parser runs goes there too, since
@@ -71,7 +87,8 @@ def main(argv: Sequence[str]) -> int:
             return 2
         except Exception as err:  # OpenRLHF's own validation can fail with other errors on bad combinations
             print(
-                f"openrlhf-band check-args: OpenRLHF rejected the arguments: {type(err).__name__}: {err}",
+                f"openrlhf-band check-args: OpenRLHF rejected the arguments: {type(err).__name__}: {err}"
+                f"{_where_in_openrlhf(err)}",
                 file=sys.stderr,
             )
             return 2

@@ -113,6 +113,13 @@ def test_check_args_command_prints_json_and_fails_cleanly():
     assert json.loads(done.stdout)["band"]["divergence"] == "chi2"  # stdout is one JSON document
     done = subprocess.run([*cmd, "--band_delta", "-1"], capture_output=True, text=True)
     assert done.returncode == 2 and "delta must be a positive finite number" in done.stderr
+    # OpenRLHF's own bare error (PPO with a critic but neither a reward model nor
+    # --reward.remote_url) comes with the line of OpenRLHF that raised it, which names the option
+    no_reward = [*cmd[: cmd.index("--")], "--", "--actor.model_name_or_path", "some/model", "--loss", "band"]
+    done = subprocess.run(no_reward, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "OpenRLHF rejected the arguments: AttributeError" in done.stderr
+    assert "(at openrlhf/cli/train_ppo_ray.py:" in done.stderr and "args.reward.model_name_or_path" in done.stderr
 
 
 def test_openrlhf_own_test_suite_passes_on_the_patched_tree(tmp_path):
