@@ -237,3 +237,42 @@ def test_adaptive_rules_need_the_entropy_and_refuse_bounds_fn():
         BandPolicyLoss(backend="torch", adaptive="entropy")(log_probs, old, adv, action_mask=mask)
     with pytest.raises(ValueError, match="bounds_fn"):
         BandPolicyLoss(backend="torch", adaptive="entropy", bounds_fn=lambda o: (o * 0 + 0.8, o * 0 + 1.2))
+
+
+def _two_rank_step(rank: int, init_file: str, results) -> None:
+    """One optimizer step of the entropy rule and the controller on rank `rank` of a 2-process gloo
+    group: rank 0 has 3 tokens of entropy 1.0, rank 1 has 1 token of entropy 3.0 (others masked)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        entropy = torch.tensor([[1.0, 1.0, 1.0, float("nan")]]) if rank == 0 else torch.tensor([[3.0, 9.0, 9.0, 9.0]])
+        mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]]) if rank == 0 else torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+        old = torch.full((1, 4), -1.0)
+        loss_fn = BandPolicyLoss(backend="torch", divergence="chi2", delta=0.05, adaptive="entropy",
+                                 target_entropy=1.0, controller_rate=0.5, delta_range=(0.01, 0.2))  # fmt: skip
+        loss_fn(old.clone().requires_grad_(True), old, torch.ones(1, 4), action_mask=mask, entropy=entropy)
+        loss_fn.after_optimizer_step()
+        results[rank] = (loss_fn.previous_entropy_mean, loss_fn.controller.delta)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_step_mean_entropy_is_token_weighted_over_all_ranks(tmp_path):
+    # (3 x 1.0 + 1 x 3.0) / 4 = 1.5 on both ranks, not the mean of the rank means (2.0); the
+    # controller then sees 1.5 / 1.0 - 1 = +0.5, clipped to +0.2: delta 0.05 e^(0.5 x 0.2) on both
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # the worker is this module's function: no re-import
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        ranks = [ctx.Process(target=_two_rank_step, args=(r, str(tmp_path / "init"), results)) for r in (0, 1)]
+        for proc in ranks:
+            proc.start()
+        for proc in ranks:
+            proc.join(timeout=120)
+        assert [proc.exitcode for proc in ranks] == [0, 0]
+        results = dict(results)
+    assert results[0] == results[1]
+    assert results[0][0] == pytest.approx(1.5, rel=1e-12)
+    assert results[0][1] == pytest.approx(0.05 * math.exp(0.1), rel=1e-12)
