@@ -25,13 +25,20 @@ def band_loss_inputs(loss_fn, output, action_mask) -> dict:
     return {}
 
 
-def band_after_step(loss_fn, engine) -> None:
-    """After OpenRLHF's `optimizer_step` (called for every micro-batch; DeepSpeed updates the weights
-    only at the end of a gradient-accumulation window, which `was_step_applied` reports, on all
-    ranks alike): close the optimizer step when one really happened."""
+def band_after_step(trainer, step: int) -> None:
+    """After a micro-batch of `ActorPPOTrainer.training_step` (`step` is its index in the replay
+    buffer): close the band's optimizer step when the weights really moved. Two conditions, each
+    needed: OpenRLHF called `optimizer_step` for this micro-batch (with dynamic batching only where
+    the replay buffer marks the step: `ppo_actor.py`'s own `is_optimizer_step`), and DeepSpeed applied
+    it (`was_step_applied`: false inside a gradient-accumulation window and on a skipped overflow
+    step, on all ranks alike). DeepSpeed resets that flag only inside `step()`, so on the dynamic
+    path it alone would stay true for every micro-batch after the first real step."""
+    loss_fn = trainer.actor_loss_fn
     if not (isinstance(loss_fn, BandPolicyLoss) and loss_fn.needs_entropy):
         return
-    applied = getattr(engine, "was_step_applied", None)
+    if trainer.args.train.dynamic_batch_enable and not trainer.replay_buffer.dynamic_optimizer_step[step]:
+        return
+    applied = getattr(trainer.actor.model, "was_step_applied", None)
     if applied is None or applied():
         loss_fn.after_optimizer_step()
 

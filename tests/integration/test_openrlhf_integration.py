@@ -415,3 +415,60 @@ def test_ppo_loss_is_openrlhfs_own_on_the_patched_trainer(gloo_world):
         assert not torch.equal(value, before[name]), name
         # Adam's first step moves each weight by about lr; a wrong gradient direction shows as ~2 lr
         torch.testing.assert_close(value, expected[name].detach(), rtol=0, atol=LR * 1e-2, msg=name)
+
+
+def test_with_dynamic_batching_the_adaptive_radius_steps_only_at_real_optimizer_steps(gloo_world):
+    # --train.dynamic_batch_enable: DeepSpeed runs with gradient accumulation 1 and OpenRLHF calls
+    # optimizer_step only where the replay buffer marks the end of an optimizer step. Four
+    # micro-batches, two optimizer steps (after micro-batches 1 and 3): the controller must move
+    # twice and the entropy normaliser must be the mean of micro-batches 2 and 3. (DeepSpeed's
+    # was_step_applied stays true after the first real step, so by itself it would move it 3 times.)
+    band = {"divergence": "kl", "delta": 0.05, "upper_cap": 10.0, "relax": None, "backend": "torch",
+            "adaptive": "entropy", "target_entropy": 10.0, "controller_rate": 0.5}  # fmt: skip
+    args = make_args("band", band)
+    args.train.dynamic_batch_enable = True
+    strategy, trainer = build_trainer(args)
+    loss_fn = trainer.actor_loss_fn
+    assert args.actor.entropy_coef == 0.0 and loss_fn.needs_entropy  # the flags turned the entropy on
+
+    experience = make_experience(trainer.actor)
+    tokens = experience.action_mask.sum().item()
+    buffer = trainer.replay_buffer
+    buffer.dynamic_optimizer_step = [0, 1, 0, 1]
+    buffer.dynamic_batch_num_tokens = [2.0 * tokens] * 4  # each optimizer step: two micro-batches
+    buffer.dynamic_global_batch_size = [2.0 * BATCH] * 4
+    buffer.dynamic_sample_loss_scale = [0.5] * 4
+
+    closed = []
+    after_step = loss_fn.after_optimizer_step
+    loss_fn.after_optimizer_step = lambda: (closed.append(True), after_step())
+    entropy_means = []
+    for step in range(4):
+        status = trainer.training_step(experience, kl_ctl=KL_COEF, step=step)
+        entropy_means.append(status["metrics"]["band/entropy_mean"].item())
+    assert len(closed) == 2
+    # the unreachable target shrinks the radius by exp(0.5 * -0.2) per optimizer step
+    assert loss_fn.controller.steps == 2
+    assert loss_fn.controller.delta == pytest.approx(0.05 * math.exp(-0.2), rel=1e-12)
+    # every micro-batch has the same number of tokens: the step mean is the mean of the two
+    assert loss_fn.previous_entropy_mean == pytest.approx((entropy_means[2] + entropy_means[3]) / 2, rel=1e-6)
+
+
+def test_the_entropy_graph_keeps_only_the_logits_and_per_token_rows():
+    # The adaptive radius turns on OpenRLHF's entropy (entropy_coef 0) under grad. What autograd
+    # keeps for it must be the logits themselves (the log-probs hold them anyway) plus O(B T), not
+    # a (B, T, V) softmax: every saved tensor is the logits' storage or has at most B*T elements.
+    from openrlhf.models.utils import compute_entropy
+
+    saved = []
+
+    def pack(t):
+        saved.append((t.untyped_storage().data_ptr(), t.numel()))
+        return t
+
+    logits = torch.randn(2, 64, 4096, requires_grad=True) * 1.0
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        compute_entropy(logits)
+    assert saved
+    for ptr, numel in saved:
+        assert ptr == logits.untyped_storage().data_ptr() or numel <= 2 * 64, (ptr, numel)
