@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import is_real_number
+from openrlhf_band.band.bounds import is_positive_finite_number, is_real_number
 
 ADAPTIVE_RULES = ("none", "entropy")
 CONTROLLER_ERROR_CLIP = 0.2
@@ -65,11 +65,9 @@ def validate_adaptive(
         raise ValueError(f"delta_range must be two finite numbers 0 < LOW <= HIGH, got {delta_range!r}")
     if not delta_range[0] <= delta <= delta_range[1]:
         raise ValueError(f"delta {delta!r} must lie in delta_range [{delta_range[0]!r}, {delta_range[1]!r}]")
-    if target_entropy is not None and not (
-        is_real_number(target_entropy) and math.isfinite(target_entropy) and target_entropy > 0
-    ):
+    if target_entropy is not None and not is_positive_finite_number(target_entropy):
         raise ValueError(f"target_entropy must be a positive finite number (nats), got {target_entropy!r}")
-    if not (is_real_number(controller_rate) and math.isfinite(controller_rate) and controller_rate > 0):
+    if not is_positive_finite_number(controller_rate):
         raise ValueError(f"controller_rate must be a positive finite number, got {controller_rate!r}")
 
 

@@ -59,6 +59,11 @@ def is_real_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)  # np.bool_ is no numbers.Real
 
 
+def is_positive_finite_number(value) -> bool:
+    """A real number (`is_real_number`) that is finite and > 0: a radius, an eps, a rate."""
+    return is_real_number(value) and math.isfinite(value) and value > 0
+
+
 def _validate(divergence: str, delta: float, upper_cap: float | None, relax) -> tuple[Divergence, float]:
     div = get_divergence(divergence)
     if not is_real_number(delta):

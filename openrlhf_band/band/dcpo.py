@@ -8,12 +8,10 @@ At q = 1 this is about [0.8, 1.17] for eps 0.16 / 0.20; as q -> 0 it widens to [
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import is_real_number
+from openrlhf_band.band.bounds import is_positive_finite_number, is_real_number
 
 #: DCPO's published clip eps (eps_low, eps_high), used when --actor.eps_clip_low_high is not given.
 DCPO_DEFAULT_EPS = (0.16, 0.20)
@@ -22,7 +20,7 @@ DCPO_DEFAULT_EPS = (0.16, 0.20)
 def validate_dcpo(eps_low: float, eps_high: float, upper_cap: float | None) -> None:
     """ValueError unless both eps are positive finite real numbers and the cap (if any) is one >= 1."""
     for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if not (is_real_number(eps) and math.isfinite(eps) and eps > 0):
+        if not is_positive_finite_number(eps):
             raise ValueError(f"DCPO {name} must be a positive finite number, got {eps!r}")
     if upper_cap is not None and not (is_real_number(upper_cap) and upper_cap >= 1.0):
         raise ValueError(f"upper_cap must be a number >= 1 or None, got {upper_cap!r}")
