@@ -67,6 +67,32 @@ def check_case(divergence, dtype, dual_clip, relax, upper_cap, shape, per_sequen
     return problems
 
 
+def jit_resources() -> list[dict]:
+    """Registers and spills of every Band kernel this process compiled, as the driver loaded them.
+
+    Read from the JIT caches of the two kernels (triton 3.6+: device_caches[device][0] holds the
+    CompiledKernels); n_regs per thread, n_spills as the driver reports it, shared bytes per block."""
+    from openrlhf_band.ops import band_loss
+
+    rows = []
+    for name in ("_band_loss_fwd_kernel", "_band_loss_bwd_kernel"):
+        fn = getattr(band_loss, name)
+        for caches in getattr(fn, "device_caches", {}).values():
+            for kernel in caches[0].values():
+                try:
+                    kernel._init_handles()
+                except Exception:  # noqa: BLE001 - older/newer triton: read what is there
+                    pass
+                consts = getattr(kernel.src, "constants", {}) if hasattr(kernel, "src") else {}
+                kinds = {str(k): v for k, v in consts.items() if isinstance(v, (bool, int, float))}
+                rows.append(
+                    {"kernel": name, "n_regs": getattr(kernel, "n_regs", None),
+                     "n_spills": getattr(kernel, "n_spills", None), "num_warps": kernel.metadata.num_warps,
+                     "shared_B": kernel.metadata.shared, "constexprs": kinds}
+                )  # fmt: skip
+    return rows
+
+
 def main() -> int:
     out = Path(os.environ.get("OUT", "bench/results/gpu"))
     out.mkdir(parents=True, exist_ok=True)
@@ -101,6 +127,14 @@ def main() -> int:
     report["seconds"] = time.time() - start
     (out / "gpu_correctness.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"correctness: {len(report['cases'])} cases, {failures} failing, {report['seconds']:.0f} s")
+    try:
+        jit = jit_resources()
+        (out / "gpu_jit_resources.json").write_text(json.dumps(jit, indent=1, default=str) + "\n")
+        spilled = [r for r in jit if r["n_spills"]]
+        print(f"jit resources: {len(jit)} compiled kernels, max {max((r['n_regs'] or 0) for r in jit)} registers, "
+              f"{len(spilled)} with spills")
+    except Exception as err:  # noqa: BLE001 - a report, not a check
+        print(f"jit resources: not read ({type(err).__name__}: {err})")
     for case in report["cases"]:
         if case["problems"]:
             print("  FAIL", case)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One-call GPU check for a lent CUDA machine (torch + triton preinstalled; nothing is installed).
 # Usage, from the repository root:  OUT=/some/dir bash bench/gpu_check.sh
-# Writes under $OUT: gpu_correctness.json, the kernel benchmark JSON/CSV, pytest output if pytest exists.
-# Budget: under 8 minutes on an H200 (correctness ~1-2 min, benchmark ~1 min, tests ~1 min).
+# Writes under $OUT: gpu_correctness.json, gpu_jit_resources.json (registers / spills of the kernels the
+# correctness run compiled, from the driver), aot_triton-<ver>-sm<cap>-device.{json,csv} (the AOT resource
+# table for this device's arch), the kernel benchmark JSON/CSV, pytest output if pytest exists.
+# Budget: under 8 minutes on an H200 (correctness ~1-2 min, aot < 2 min, benchmark ~1 min, tests ~1 min).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-bench/results/gpu}"
@@ -13,6 +15,11 @@ status=0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > "$OUT/nvidia-smi.csv" 2>&1 || true
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
 timeout 240 python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log" || status=1
+# AOT resource table (registers, spills, f64/f32 SASS per token, occupancy) for this device's own arch,
+# every user-facing variant, compiled in parallel; budget < 2 min (the per-token kl solver is the slow one)
+cap="$(python3 -c "import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)")"
+timeout 150 python3 -m openrlhf_band.tools.cli aot --targets "${cap:-90}" --out "$OUT" --tag "-sm${cap:-90}-device" \
+  --jobs 8 --no-amd 2>&1 | tee "$OUT/aot.log" || status=1
 timeout 180 python3 -m openrlhf_band.tools.cli bench kernel --tokens 524288 4194304 --divergences kl chi2 tv reverse_kl hellinger --repeats 20 \
   2>&1 | tee "$OUT/bench_kernel.log" || status=1
 timeout 60 python3 -m openrlhf_band.tools.cli bench bounds --device cuda --repeats 20 2>&1 | tee "$OUT/bench_bounds.log" || status=1

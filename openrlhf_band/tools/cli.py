@@ -59,6 +59,21 @@ def _module_command(module: str):
     return run
 
 
+def _aot_parser() -> argparse.ArgumentParser:
+    """The parser of `openrlhf-band aot` alone (same flags as in build_parser)."""
+    from openrlhf_band.tools import aot
+
+    parser = argparse.ArgumentParser(prog="openrlhf-band", description="BandPO for OpenRLHF 0.11.2")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("aot", help=_AOT_HELP)
+    aot.add_arguments(p)
+    p.set_defaults(func=_module_command("openrlhf_band.tools.aot"))
+    return parser
+
+
+_AOT_HELP = "compile the fused kernels ahead of time for GPU targets (no GPU): registers, spills, SASS"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from openrlhf_band.band.divergences import DIVERGENCES
 
@@ -92,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- followed by train_ppo_ray arguments")
     p.set_defaults(func=_cmd_check_args)
 
+    p = sub.add_parser("aot", help=_AOT_HELP)
+    from openrlhf_band.tools import aot
+
+    aot.add_arguments(p)
+    p.set_defaults(func=_module_command("openrlhf_band.tools.aot"))
+
     from openrlhf_band.recipe import data, results
     from openrlhf_band.tools import demo
 
@@ -123,7 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from openrlhf_band.tools.quiet import quiet_third_party_startup
 
     quiet_third_party_startup()
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `aot` needs only torch + triton: parse it without the other subcommands' imports (OpenRLHF, einops,
+    # ...), so it runs in the bare venvs of bench/aot_versions.sh
+    args = (_aot_parser() if argv[:1] == ["aot"] else build_parser()).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ValueError as err:  # bad user input: one clear line, no traceback

@@ -1,0 +1,160 @@
+"""Ahead-of-time compile check of the fused Band kernels for sm_80 and sm_90 (no GPU needed).
+
+Every check runs in a subprocess without TRITON_INTERPRET: other test modules of this session set
+TRITON_INTERPRET=1 before importing `openrlhf_band.ops.band_loss`, which makes its kernels
+interpreter functions for the whole process, while the AOT compile needs the real JITFunctions.
+Nothing here is skipped: a missing or broken triton fails the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import triton  # noqa: F401  - imported on purpose: no triton is a failure, not a skip
+
+from openrlhf_band.tools.aot import classify_opcode, count_sass, occupancy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _run_python(code: str, timeout: float = 300) -> dict:
+    """Run `code` in a fresh interpreter (no TRITON_INTERPRET); it prints one JSON object last."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, env=_clean_env(), cwd=ROOT, timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_HINTS = """
+    import json, torch
+    from triton.compiler import make_backend
+    from openrlhf_band.ops.band_loss import band_token_loss_triton
+    from openrlhf_band.tools.aot import _kernel_fn, capture_launches, make_target, specialize
+
+    backend = make_backend(make_target(90))
+    fn = _kernel_fn("fwd")
+    names = [p.name for p in fn.params]
+
+    def spec(log_probs, tokens):
+        old = -torch.rand(2, tokens)
+        adv = torch.randn(2, tokens)
+        (launch,) = capture_launches(lambda: band_token_loss_triton(log_probs, old, adv, divergence="tv"))
+        _opts, signature, constexprs, attrs = specialize(fn, backend, launch.args, launch.kwargs)
+        out = {}
+        for name in ("logp_ptr", "n_cols", "n_elements"):
+            i = names.index(name)
+            out[name] = {"type": signature[name], "const": constexprs.get((i,)),
+                         "div16": ["tt.divisibility", 16] in [list(a) for a in attrs.get((i,), [])]}
+        return out
+
+    base = torch.randn(2 * 16 + 4)
+    result = {
+        "aligned": spec(base[:32].view(2, 16), 16),
+        "offset1": spec(base[1:33].view(2, 16), 16),  # storage offset 4 bytes: not 16-byte aligned
+        "cols1": spec(torch.randn(2, 1), 1),
+        "cols17": spec(torch.randn(2, 17), 17),
+    }
+    print(json.dumps(result))
+"""
+
+
+def test_specialisation_comes_from_the_launch_arguments():
+    """Pointer alignment and the int hints follow the recorded arguments, as JITFunction.run would."""
+    r = _run_python(_HINTS)
+    assert r["aligned"]["logp_ptr"] == {"type": "*fp32", "const": None, "div16": True}
+    assert r["offset1"]["logp_ptr"] == {"type": "*fp32", "const": None, "div16": False}
+    assert r["aligned"]["n_cols"]["div16"] and r["aligned"]["n_elements"]["div16"]  # 16 and 32
+    assert r["cols17"]["n_cols"] == {"type": "i32", "const": None, "div16": False}
+    assert r["cols17"]["n_elements"]["div16"] is False  # 34
+    # an int equal to 1 is specialised as the constant 1 (triton >= 3.3: a constexpr in the signature)
+    assert r["cols1"]["n_cols"]["type"] == "constexpr" and r["cols1"]["n_cols"]["const"] == 1
+
+
+_RECORDER = """
+    import json, torch
+    import openrlhf_band.ops.band_loss as bl
+    from openrlhf_band.tools.aot import Variant, capture_launches, launch_variant
+    fwd, bwd = bl._band_loss_fwd_kernel, bl._band_loss_bwd_kernel
+    f = launch_variant(Variant("x", "fwd", "kl", "per-token", "all", "bf16"))
+    b = launch_variant(Variant("y", "bwd", dtype="bf16"))
+    print(json.dumps({
+        "restored": bl._band_loss_fwd_kernel is fwd and bl._band_loss_bwd_kernel is bwd,
+        "fwd_kwargs": {k: v for k, v in f.kwargs.items() if isinstance(v, (bool, int, float))},
+        "fwd_logp_dtype": str(f.args[0].dtype), "fwd_delta_dtype": str(f.args[4].dtype),
+        "bwd_grad_dtype": str(b.args[2].dtype), "grid": list(f.grid),
+    }))
+"""
+
+
+def test_recorder_captures_the_real_launch_and_restores_the_kernels():
+    r = _run_python(_RECORDER)
+    assert r["restored"]
+    kw = r["fwd_kwargs"]
+    assert kw["KIND"] == 6 and kw["HAS_MASK"] and kw["HAS_CAP"] and kw["HAS_RELAX"] and kw["HAS_DUAL"]
+    assert kw["STORE_BOUNDS"] and kw["BLOCK"] == 1024
+    assert r["fwd_logp_dtype"] == "torch.bfloat16" and r["fwd_delta_dtype"] == "torch.float32"
+    assert r["bwd_grad_dtype"] == "torch.bfloat16"
+    assert r["grid"] == [4]  # 4 x 1000 tokens in blocks of 1024
+
+
+SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   DADD R4, R2, -R6 ;
+        /*0020*/               @P0 DFMA R8, R4, R6, R8 ;
+        /*0030*/              @!P1 MUFU.RCP64H R11, R5 ;
+        /*0040*/                   F2F.F32.F64 R3, R8 ;
+        /*0050*/                   F2F.F64.F32 R12, R3 ;
+        /*0060*/                   DSETP.GEU.AND P2, PT, R4, RZ, PT ;
+        /*0070*/                   FADD R3, R3, 1 ;
+        /*0080*/                   FFMA.FTZ R3, R3, R2, R1 ;
+        /*0090*/                   MUFU.EX2 R0, R3 ;
+        /*00a0*/                   FSEL R0, R0, RZ, P2 ;
+        /*00b0*/                   FSETP.GT.AND P0, PT, R0, RZ, PT ;
+        /*00c0*/                   F2I.S64.TRUNC R6, R0 ;
+        /*00d0*/                   I2F.F64.S64 R6, R6 ;
+        /*00e0*/                   IMAD.WIDE R2, R0, 0x4, R2 ;
+        /*00f0*/                   DEPBAR.LE SB0, 0x0 ;
+        /*0100*/                   HFMA2 R0, -RZ, RZ, 0, 0 ;
+        /*0110*/                   EXIT ;
+"""
+
+
+def test_opcode_classifier_counts_a_known_snippet():
+    # f64: DADD DFMA MUFU.RCP64H F2F.F32.F64 F2F.F64.F32 DSETP I2F.F64.S64 = 7
+    # f32: FADD FFMA MUFU.EX2 FSEL FSETP F2I.S64.TRUNC = 6; DEPBAR, HFMA2, IMAD, LDC, EXIT: neither
+    assert count_sass(SASS) == {"f64": 7, "f32": 6, "total": 18}
+    assert classify_opcode("DEPBAR.LE") is None and classify_opcode("DMNMX") == "f64"
+    assert classify_opcode("MUFU.RSQ64H") == "f64" and classify_opcode("MUFU.RSQ") == "f32"
+
+
+def test_occupancy_from_registers_and_limits():
+    assert occupancy(90, 255, 0, 128) == 2  # 8,192 registers a warp: 2 warps per sub-partition
+    assert occupancy(90, 32, 0, 128) == 16  # thread limit 2,048
+    assert occupancy(89, 32, 0, 128) == 12  # thread limit 1,536
+    assert occupancy(90, 32, 100 * 1024, 128) == 2  # shared memory 228 KiB
+
+
+def test_aot_compiles_every_variant_for_sm80_and_sm90_without_spills(tmp_path):
+    """The CLI for sm_80 and sm_90, all variants: exit 0 means no compile error and no spill."""
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "aot", "--targets", "80", "90", "--out", str(tmp_path),
+           "--jobs", str(min(2, os.cpu_count() or 1)), "--no-amd"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), cwd=ROOT, timeout=3000)
+    report = next(tmp_path.glob("aot_triton-*.json"), None)
+    assert report is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(report.read_text())["rows"]
+    assert {r["target"] for r in rows} == {"80", "90"} and len(rows) >= 2 * 39
+    bad = [line for line in proc.stderr.splitlines() if line.startswith("FAIL")]
+    assert proc.returncode == 0 and not bad, "\n".join(bad) + "\n" + proc.stdout[-4000:]
