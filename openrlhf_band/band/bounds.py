@@ -15,8 +15,16 @@ strategies:
   on a fine grid of w to float64 precision and store a cubic Hermite interpolant; a float32 input
   then costs one table lookup and a cubic (no iterations), and a float64 input adds three Newton
   polishing steps.
-* bracketed (reverse_kl, which saturates, so its roots are not smooth at the edges): a fixed
-  number of bisection steps on a guaranteed bracket followed by safeguarded Newton steps.
+* edge tables (reverse_kl, which saturates, so its roots are not smooth in p at the edges): the
+  same cubic tables over u = log(g_edge(p) - delta), the log-distance to each saturation edge.
+* per-token radius (kl, reverse_kl with a tensor delta): no 1-D table covers a continuum of
+  radii, so a 2-D float32 table of *starting points* over (the table coordinate, log delta), read
+  bilinearly, gives each root to ~4e-2 in log of the log-ratio, and two Halley steps in float64
+  (cubic convergence: 4e-2 -> ~1e-5 -> float64 rounding) finish it. The Triton kernel runs the same
+  table and the same steps (`ops/band_loss.py`). Radii outside `PER_TOKEN_DELTA_RANGE` give nan
+  bounds for their token, as a radius <= 0 does.
+* the bracketed solver (bisection then safeguarded Newton): what builds every table, and the
+  per-token path of a registered divergence that has no table.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import functools
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -64,7 +73,10 @@ def is_positive_finite_number(value) -> bool:
     return is_real_number(value) and math.isfinite(value) and value > 0
 
 
-def _validate(divergence: str, delta: float, upper_cap: float | None, relax) -> tuple[Divergence, float]:
+def validate_band(divergence: str, delta: float, upper_cap: float | None, relax) -> tuple[Divergence, float]:
+    """The band's options checked once for every caller: (the divergence, delta as a float), or a
+    ValueError that says what is wrong (unknown divergence, delta not a positive finite number, a cap
+    below 1, a relax that is not a pair of finite numbers >= 0 with eps_low <= 1)."""
     div = get_divergence(divergence)
     if not is_real_number(delta):
         raise ValueError(f"delta must be a positive finite number, got {delta!r}")
@@ -84,6 +96,9 @@ def _validate(divergence: str, delta: float, upper_cap: float | None, relax) -> 
                 f"relax must be a pair (eps_low, eps_high) of finite numbers >= 0 with eps_low <= 1, got {relax!r}"
             )
     return div, delta
+
+
+_validate = validate_band  # the name other modules used before validate_band was public
 
 
 def _bernoulli_terms(log_q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -375,11 +390,204 @@ def _edge_table_bounds_float32(div: Divergence, delta: float, old_log_probs: Ten
     return lower, upper.masked_fill_(at_one, 1.0).masked_fill_(is_nan, math.nan), saturated_up | at_one
 
 
-def _per_token_delta(delta: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
-    """(delta, valid) as flat float64 tensors of the input's size; invalid entries (<= 0, nan, inf)
-    are replaced by 1 for the arithmetic and their bounds become nan afterwards."""
+# ------------------------------------------------------------------------------------- per-token radius
+# A radius per token: the roots depend on (p, delta) jointly. A 2-D table of starting points, read
+# bilinearly, followed by a fixed number of Halley steps, is exact to float64 rounding and costs a
+# fraction of a bracketed solve (measured against that solve over 2e5 random (p, delta) with p down
+# to e^-740 and 1 - p down to 1e-300: the start is within 4e-2 in log b, b = log(p / q) the lower
+# root's log-ratio; one Halley step leaves <= 7e-7 relative in the ratio, two leave float64 rounding).
+# Both roots are lower roots (the upper one of the mirrored pair), so one table per divergence serves
+# both, for every radius in PER_TOKEN_DELTA_RANGE (outside it: nan bounds for that token).
+#
+# Coordinates: (c, s = log delta) with c = log(-log p) for kl (as its 1-D table) and c = log(-log(1 - p)
+# - delta), the log-distance to the lower saturation edge, for a divergence that saturates
+# (reverse_kl), where the root is not smooth in p. Stored: log(p b) for kl (bounded as p -> 0, where
+# b ~ delta / p) and log b for reverse_kl (b is bounded below by the saturation edge p > 1 - e^-delta).
+#: Per-token radii the kl and reverse_kl solvers are exact for (the 2-D start table's delta range).
+PER_TOKEN_DELTA_RANGE = (9.99999993922529e-09, 10.0)  # 1e-8 as float32 has it: the kernel compares in float32
+_START_C_RANGE = {"kl": (-22.0, 6.55), "edge": (-30.0, 6.5)}  # kl: p in [e^-700, 1 - 2.8e-10]
+_START_C_CELLS_PER_UNIT = 16
+_START_S_CELLS_PER_UNIT = 8
+_START_BRACKET = 2.0  # Halley steps stay in [b0 / 2, 2 b0] (the start is within e^0.04 of the root)
+HALLEY_STEPS = 2
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """A root table as the Triton kernel reads it (and the torch path, from the same tensor).
+
+    values: the table on `device`: float64 [8, cells] cubic Hermite coefficients (rows 0-3 the upper
+        root's, rows 4-7 the lower root's) for a scalar radius, or float32 [rows, cols] starting
+        points over (coordinate, log delta) for a per-token radius.
+    coordinate_min, coordinate_cells_per_unit: the first axis, cell i covering
+        [min + i / cells_per_unit, min + (i + 1) / cells_per_unit).
+    log_delta_min, log_delta_cells_per_unit: the second axis of a start table (0 for a 1-D table).
+    """
+
+    values: Tensor
+    coordinate_min: float
+    coordinate_cells_per_unit: float
+    log_delta_min: float = 0.0
+    log_delta_cells_per_unit: float = 0.0
+
+
+def scalar_delta_table(divergence: str, delta: float, device: torch.device) -> KernelTable | None:
+    """The 1-D cubic table of a tabulated divergence (kl: over w = log(-log p)) or an edge-table one
+    (reverse_kl: over u = log(g_edge(p) - delta)) for one scalar radius, or None (closed forms,
+    divergences without a table). Cached per (divergence, delta, device)."""
+    div, delta = validate_band(divergence, delta, None, None)
+    if div.tabulate:
+        return KernelTable(_root_table(div.name, delta, device), _TABLE_W_MIN, float(_TABLE_CELLS_PER_UNIT))
+    if div.edge_inverse is not None:
+        return KernelTable(_edge_tables(div.name, delta, device), _EDGE_U_MIN, float(_EDGE_CELLS_PER_UNIT))
+    return None
+
+
+def per_token_start_table(divergence: str, device: torch.device) -> KernelTable | None:
+    """The 2-D start table of kl / reverse_kl for a per-token radius (float32 [rows, cols]), or None
+    for divergences solved otherwise. Built once per (divergence, device) (~0.3 s on one core)."""
+    div = get_divergence(divergence)
+    if _start_kind(div) is None:
+        return None
+    c_min = _START_C_RANGE[_start_kind(div)][0]
+    s_min = math.log(PER_TOKEN_DELTA_RANGE[0])
+    return KernelTable(
+        _start_table(div.name, device), c_min, float(_START_C_CELLS_PER_UNIT), s_min, float(_START_S_CELLS_PER_UNIT)
+    )
+
+
+def _start_kind(div: Divergence) -> str | None:
+    if div.bernoulli_g is None:
+        return None
+    if div.tabulate:
+        return "kl"
+    if div.edge_inverse is not None:
+        return "edge"
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _start_table(name: str, device: torch.device) -> Tensor:
+    div = get_divergence(name)
+    kind = _start_kind(div)
+    c_min, c_max = _START_C_RANGE[kind]
+    s_min, s_max = (math.log(v) for v in PER_TOKEN_DELTA_RANGE)
+    rows = int(round((c_max - c_min) * _START_C_CELLS_PER_UNIT)) + 1
+    cols = int(math.ceil((s_max - s_min) * _START_S_CELLS_PER_UNIT)) + 1
+    c = c_min + torch.arange(rows, dtype=torch.float64) / _START_C_CELLS_PER_UNIT
+    s = s_min + torch.arange(cols, dtype=torch.float64) / _START_S_CELLS_PER_UNIT
+    c, s = (t.reshape(-1) for t in torch.meshgrid(c, s, indexing="ij"))
+    delta = torch.exp(s)
+    if kind == "kl":
+        x = -torch.exp(c)
+    else:  # the p whose lower edge value g(p, 0) is delta + e^c
+        x = div.edge_inverse[1](delta + torch.exp(c))
+    p, one_minus_p = torch.exp(x), -torch.expm1(x)
+    log_one_minus_p = torch.log(one_minus_p)
+    if kind == "kl":  # solved in B = p b, as the 1-D table: log q = x - B / p is below float64's range for small p
+        stored = _solve_root(
+            div, delta, x, p, one_minus_p, log_one_minus_p, offset=x, scale=_table_lower_scale(p),
+            lo=torch.zeros_like(x), hi=div.lower_table_bracket(delta), increasing=True,
+            bisect_steps=2 * _BISECT_STEPS, newton_steps=_NEWTON_STEPS,
+        ).log_()  # fmt: skip
+    else:
+        log_q = _lower_log_root(div, delta, x, p, one_minus_p, log_one_minus_p, 2 * _BISECT_STEPS, _NEWTON_STEPS)
+        stored = torch.log(x - log_q)
+    if not torch.isfinite(stored).all():
+        raise RuntimeError(f"the {name} start table has non-finite entries")  # a bug, not input
+    return stored.reshape(rows, cols).to(torch.float32).to(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _as_float64(values: Tensor) -> Tensor:
+    return values.reshape(-1).to(torch.float64)
+
+
+def _start_log_root(div: Divergence, table: KernelTable, x, p, one_minus_p, log_one_minus_p, delta, log_delta):
+    """log q of the lower root from the start table, float64, and its bracket (lo, hi) in log q."""
+    values = table.values
+    rows, cols = values.shape
+    if div.tabulate:
+        c = torch.neg(x).log_()
+    else:
+        c = div.g_at_lower_edge(x, p, one_minus_p).sub_(delta).log_()  # nan where saturated
+    pc = c.sub_(table.coordinate_min).mul_(table.coordinate_cells_per_unit).nan_to_num_(nan=0.0)
+    pc = pc.clamp_(0.0, rows - 1.0)
+    ps = (log_delta - table.log_delta_min).mul_(table.log_delta_cells_per_unit).nan_to_num_(nan=0.0)
+    ps = ps.clamp_(0.0, cols - 1.0)
+    i = pc.to(torch.int64).clamp_(max=rows - 2)
+    j = ps.to(torch.int64).clamp_(max=cols - 2)
+    tc, ts = pc.sub_(i), ps.sub_(j)
+    flat = _as_float64(values)  # the float32 table, widened once (cached): float64 gathers need no copies
+    corner = i.mul_(cols).add_(j)
+    v00 = torch.index_select(flat, 0, corner)
+    v01 = torch.index_select(flat, 0, corner.add_(1))
+    v11 = torch.index_select(flat, 0, corner.add_(cols))
+    v10 = torch.index_select(flat, 0, corner.sub_(1))
+    v = torch.lerp(v00.lerp_(v01, ts), v10.lerp_(v11, ts), tc)
+    b = v.exp_()
+    if div.tabulate:
+        b = b.div_(p)
+    b = b.clamp_(max=1e300)  # b ~ delta / p overflows for p < ~1e-300; any b that large gives q = 0
+    return x - b, x - _START_BRACKET * b, x - b / _START_BRACKET
+
+
+def _halley_lower_log_root(div: Divergence, table: KernelTable, x, p, one_minus_p, log_one_minus_p, delta, log_delta,
+                           steps: int = HALLEY_STEPS) -> Tensor:  # fmt: skip
+    """log q of the lower root: the start table, then `steps` Halley steps kept inside the bracket."""
+    log_q, lo, hi = _start_log_root(div, table, x, p, one_minus_p, log_one_minus_p, delta, log_delta)
+    second = div.bernoulli_d2g_dlogq2
+    for _ in range(steps):
+        q = torch.exp(log_q)
+        one_minus_q = -torch.expm1(log_q)
+        log_one_minus_q = torch.log1p(-q)  # log(1 - q) without cancellation for small q
+        args = (x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q)
+        d1 = div.bernoulli_dg_dlogq(*args)
+        step = div.bernoulli_g(*args).sub_(delta).div_(d1)
+        if second is not None:  # Halley: the Newton step over 1 - f f'' / (2 f'^2) (kept >= 1/2 far from the root)
+            step = step.div_(second(*args).div_(d1).mul_(step).mul_(-0.5).add_(1.0).clamp_(min=0.5))
+        log_q = torch.minimum(torch.maximum(log_q.sub_(step), lo, out=step), hi, out=log_q)
+    return log_q
+
+
+def _per_token_roots(div: Divergence, delta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Unsaturated (lower, upper) ratio roots for a per-token radius (flat float64 tensors), from the
+    start table where the divergence has one, else the bracketed solver. Both are lower roots: the
+    upper root's 1 - q_up is the lower root of the mirrored pair (1 - p, 1 - q)."""
+    table = per_token_start_table(div.name, x.device)
+    if table is None:
+        return _solved_roots(div, delta, x)
+    if x.numel() <= _CHUNK:
+        return _per_token_roots_chunk(div, table, delta, x)
+    # chunk by chunk: the ~30 float64 temporaries of a chunk stay in cache and their memory is reused
+    lower, upper = torch.empty_like(x), torch.empty_like(x)
+    for start in range(0, x.numel(), _CHUNK):
+        stop = min(start + _CHUNK, x.numel())
+        lower[start:stop], upper[start:stop] = _per_token_roots_chunk(div, table, delta[start:stop], x[start:stop])
+    return lower, upper
+
+
+def _per_token_roots_chunk(div: Divergence, table: KernelTable, delta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    p, one_minus_p = torch.exp(x), -torch.expm1(x)
+    log_one_minus_p = torch.log(one_minus_p)
+    log_delta = torch.log(delta)
+    lower_log_q = _halley_lower_log_root(div, table, x, p, one_minus_p, log_one_minus_p, delta, log_delta)
+    upper_log_1mq = _halley_lower_log_root(div, table, log_one_minus_p, one_minus_p, p, x, delta, log_delta)
+    lower = torch.exp(lower_log_q - x)
+    upper = torch.neg(torch.expm1(upper_log_1mq)).div_(p)
+    at_zero = p == 0.0  # p = 0: [0, inf] as in Proposition 3's limit
+    return lower.masked_fill_(at_zero, 0.0), upper.masked_fill_(at_zero, math.inf)
+
+
+def _per_token_delta(delta: Tensor, shape: torch.Size, div: Divergence) -> tuple[Tensor, Tensor]:
+    """(delta, valid) as flat float64 tensors of the input's size; invalid entries (<= 0, nan, inf,
+    or outside PER_TOKEN_DELTA_RANGE for a divergence solved from the start table) are replaced by
+    0.05 for the arithmetic and their bounds become nan afterwards. A 1-D radius of length B against a
+    2-D (B, T) input is one radius per sequence, also when B == T (as advantages are)."""
     if not delta.is_floating_point():
         raise ValueError(f"a per-token delta must be a floating-point tensor, got {delta.dtype}")
+    if len(shape) == 2 and delta.shape == (shape[0],):
+        delta = delta.unsqueeze(-1)
     try:
         flat = torch.broadcast_to(delta, shape).reshape(-1).to(torch.float64)
     except RuntimeError:
@@ -387,7 +595,9 @@ def _per_token_delta(delta: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
             f"delta of shape {tuple(delta.shape)} does not broadcast to old_log_probs of shape {tuple(shape)}"
         ) from None
     valid = torch.isfinite(flat) & (flat > 0)
-    return torch.where(valid, flat, 1.0), valid
+    if _start_kind(div) is not None:
+        valid &= (flat >= PER_TOKEN_DELTA_RANGE[0]) & (flat <= PER_TOKEN_DELTA_RANGE[1])
+    return torch.where(valid, flat, 0.05), valid
 
 
 @torch.no_grad()
@@ -407,8 +617,11 @@ def band_bounds(
             -inf means p = 0; NaN propagates to that element only.
         divergence: a name from `DIVERGENCES` ("kl", "tv", "chi2", "reverse_kl", "hellinger").
         delta: trust-region radius: a number > 0 (the paper uses 0.05), or a floating-point tensor
-            broadcastable to `old_log_probs` (per token, or per sequence as (B, 1)). A tensor is not
-            inspected on the host: an entry <= 0, nan or inf gives nan bounds for its token.
+            broadcastable to `old_log_probs` (per token, or per sequence as (B, 1); for a 2-D
+            (B, T) input a 1-D tensor of length B is per sequence, also when B == T). A tensor is
+            not inspected on the host: an entry <= 0, nan or inf gives nan bounds for its token, and
+            so does one outside `PER_TOKEN_DELTA_RANGE` ([1e-8, 10]) for kl and reverse_kl, whose
+            per-token roots are exact there (a start table and two Halley steps).
         upper_cap: optional cap on the upper bound (>= 1; the authors' runs use 10), applied last.
         relax: optional (eps_low, eps_high): take the union with [1 - eps_low, 1 + eps_high].
 
@@ -432,9 +645,11 @@ def band_bounds_with_edge(
     relax: tuple[float, float] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`band_bounds` plus `upper_at_edge` (bool, same shape): the upper bound is the simplex edge
-    1/p itself (saturated, or p = 1) and neither the cap nor relax moved it. No ratio a probability
-    can reach exceeds that bound, so the loss never clips there: compared as ratios, float32
-    rounding of exp(log q - log p) against float32(1/p) could say otherwise at q = 1."""
+    1/p itself (saturated, p = 1, or a bound that rounds to 1/p in the output dtype, as kl's upper
+    bound does as p -> 1) and neither the cap nor relax moved it. No ratio a probability can reach
+    exceeds that bound, so the loss never clips there: compared as ratios, float32 rounding of
+    exp(log q - log p) against float32(1/p) could say otherwise at q = 1. The kernel applies the same
+    rule to the same float32 bound."""
     per_token = isinstance(delta, Tensor)
     if per_token:
         div, _ = _validate(divergence, 1.0, upper_cap, relax)
@@ -448,20 +663,22 @@ def band_bounds_with_edge(
 
     if not per_token and out_dtype == torch.float32 and div.tabulate:
         lower, upper = _tabulated_bounds_float32(div, delta, flat)
-        return _relax_and_cap(lower, upper, flat == 0, relax, upper_cap, shape)  # kl: the edge only at p = 1
+        return _relax_and_cap(lower, upper, _rounds_to_edge(upper, flat) | (flat >= 0), relax, upper_cap, shape)
     if not per_token and out_dtype == torch.float32 and div.edge_inverse is not None:
         lower, upper, at_edge = _edge_table_bounds_float32(div, delta, flat)
-        return _relax_and_cap(lower, upper, at_edge, relax, upper_cap, shape)
+        return _relax_and_cap(lower, upper, at_edge | _rounds_to_edge(upper, flat), relax, upper_cap, shape)
 
     valid = None
     if per_token:
-        delta, valid = _per_token_delta(delta, shape)
+        delta, valid = _per_token_delta(delta, shape, div)
     x = flat.to(torch.float64, copy=True).clamp_(max=0.0)
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
     if div.closed_form is not None:
         lower, upper = div.closed_form(x, p, one_minus_p, delta)
     elif div.tabulate and not per_token:
         lower, upper = _tabulated_numeric_roots(div, delta, x)
+    elif per_token:
+        lower, upper = _per_token_roots(div, delta, x)
     else:
         lower, upper = _solved_roots(div, delta, x)
 
@@ -479,7 +696,17 @@ def band_bounds_with_edge(
     if valid is not None:
         lower, upper = lower.masked_fill_(~valid, math.nan), upper.masked_fill_(~valid, math.nan)
         at_edge = at_edge & valid
-    return _relax_and_cap(lower.to(out_dtype), upper.to(out_dtype), at_edge, relax, upper_cap, shape)
+    lower, upper = lower.to(out_dtype), upper.to(out_dtype)
+    return _relax_and_cap(lower, upper, at_edge | _rounds_to_edge(upper, flat), relax, upper_cap, shape)
+
+
+def _rounds_to_edge(upper: Tensor, x: Tensor) -> Tensor:
+    """Where the upper bound, as the output dtype holds it, has reached the simplex edge 1/p rounded to
+    that dtype. kl never saturates, but as p -> 1 its upper root is within (1 - p) exp(-delta / (1 - p))
+    of 1/p, far below float32 resolution: such a bound is the edge, and the loss decides it in log
+    space as it does a saturated one (clipped only if q > 1), on both backends alike."""
+    edge = torch.neg(x.to(torch.float64)).clamp_(min=0.0).exp_().to(upper.dtype)
+    return upper >= edge
 
 
 def _relax_and_cap(lower: Tensor, upper: Tensor, at_edge: Tensor, relax, upper_cap, shape):

@@ -67,14 +67,12 @@ import triton.language as tl
 from torch import Tensor
 
 from openrlhf_band.band.bounds import (
-    _EDGE_CELLS_PER_UNIT,
-    _EDGE_U_MIN,
-    _TABLE_CELLS_PER_UNIT,
-    _TABLE_W_MIN,
-    _edge_tables,
-    _root_table,
-    _validate,
+    HALLEY_STEPS,
+    PER_TOKEN_DELTA_RANGE,
     band_bounds,
+    per_token_start_table,
+    scalar_delta_table,
+    validate_band,
 )
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
 
@@ -83,14 +81,11 @@ BOUNDS_PRECOMPUTED, BOUNDS_TV, BOUNDS_CHI2, BOUNDS_HELLINGER = 0, 1, 2, 3
 BOUNDS_KL_TABLE, BOUNDS_EDGE_TABLE, BOUNDS_KL_SOLVE, BOUNDS_REVERSE_KL_SOLVE = 4, 5, 6, 7
 _IN_KERNEL_CLOSED_FORMS = {"tv": BOUNDS_TV, "chi2": BOUNDS_CHI2, "hellinger": BOUNDS_HELLINGER}
 _IN_KERNEL_SOLVERS = {"kl": BOUNDS_KL_SOLVE, "reverse_kl": BOUNDS_REVERSE_KL_SOLVE}
+_IN_KERNEL_TABLES = {"kl": BOUNDS_KL_TABLE, "reverse_kl": BOUNDS_EDGE_TABLE}
 
 # 1024 elements per program: enough independent loads in flight to saturate HBM on a GPU, and few
 # launches' worth of Python overhead for the CPU interpreter (~20 ms per program there).
 _BLOCK = 1024
-# the in-kernel root solver (per-token delta): as band_bounds' run-time solver, which the oracle
-# tests hold to 1e-12 in float64 for delta in [1e-4, 1] and p down to 1e-20
-_SOLVE_BISECT_STEPS = 20
-_SOLVE_NEWTON_STEPS = 8
 
 
 @triton.jit
@@ -124,49 +119,71 @@ def _table_position(u, u_min, cells_per_unit, cells):
 
 
 @triton.jit
-def _bernoulli_residual(x, p, one_minus_p, log_one_minus_p, log_q, delta, REVERSE: tl.constexpr):
-    """(g(p, q) - delta, d g / d log q) for kl (REVERSE=False) or reverse_kl, float64."""
-    q = tl.exp(log_q)
-    one_minus_q = _one_minus_exp(log_q)
-    log_one_minus_q = tl.log(one_minus_q)
-    if REVERSE:
-        # (1 - q) log(1 - q) is 0 at q = 1, not 0 * -inf
-        xlogx = tl.where(one_minus_q > 0.0, one_minus_q * log_one_minus_q, 0.0)
-        g = q * (log_q - x) + xlogx - one_minus_q * log_one_minus_p
-        dg = q * ((log_q - x) - (log_one_minus_q - log_one_minus_p))
-    else:
-        g = p * (x - log_q) + one_minus_p * (log_one_minus_p - log_one_minus_q)
-        dg = (q - p) / one_minus_q
-    return g - delta, dg
+def _log_one_minus(q):
+    """(1 - q, log(1 - q)) for q in [0, 1), float64: log(1 - q) by Kahan's log1p trick (no log1p in
+    the CPU interpreter), accurate for small q where log(1 - q) ~ -q; 1 - q is exact for q >= 1/2."""
+    w = 1.0 - q
+    safe = tl.where(w == 1.0, 0.5, w)
+    return w, tl.where(w == 1.0, -q, tl.log(safe) * (-q / (safe - 1.0)))
 
 
 @triton.jit
-def _lower_log_root(x, p, one_minus_p, log_one_minus_p, delta, REVERSE: tl.constexpr,
-                    BISECT: tl.constexpr, NEWTON: tl.constexpr):  # fmt: skip
-    """log q of the lower root (q < p) of g(p, q) = delta, float64: bisection on
-    [log of the smallest float64, x], then Newton kept inside the bracket (band_bounds' solver)."""
-    lo = x * 0.0 - 745.0
-    hi = x
-    for _ in tl.static_range(BISECT):  # g decreases in log q on this branch
-        mid = 0.5 * (lo + hi)
-        r, _d = _bernoulli_residual(x, p, one_minus_p, log_one_minus_p, mid, delta, REVERSE)
-        lo = tl.where(r > 0.0, mid, lo)
-        hi = tl.where(r > 0.0, hi, mid)
-    v = 0.5 * (lo + hi)
-    for _ in tl.static_range(NEWTON):
-        r, d = _bernoulli_residual(x, p, one_minus_p, log_one_minus_p, v, delta, REVERSE)
-        lo = tl.where(r < 0.0, lo, v)
-        hi = tl.where(r < 0.0, v, hi)
-        candidate = v - r / d
-        inside = (candidate >= lo) & (candidate <= hi)
-        v = tl.where(inside, candidate, 0.5 * (lo + hi))
-    return v
+def _started_lower_log_root(
+    x, p, one_minus_p, log_one_minus_p, delta, log_delta, start_ptr, rows, cols,
+    c_min, c_per_unit, s_min, s_per_unit, valid, REVERSE: tl.constexpr, STEPS: tl.constexpr,
+):  # fmt: skip
+    """log q of the lower root (q < p) of g(p, q) = delta, float64: a bilinear read of the float32
+    start table over (c, log delta), then STEPS Halley steps kept in [x - 2 b0, x - b0 / 2]; the
+    same table and steps as `band.bounds._halley_lower_log_root` (kl: REVERSE=False)."""
+    if REVERSE:  # log-distance to the lower saturation edge g(p, 0) = -log(1 - p); nan where saturated
+        c = tl.log(-log_one_minus_p - delta)
+    else:
+        c = tl.log(-x)
+    pc = (c - c_min) * c_per_unit
+    pc = tl.minimum(tl.maximum(tl.where(pc == pc, pc, 0.0), 0.0), rows - 1.0)
+    ps = (log_delta - s_min) * s_per_unit
+    ps = tl.minimum(tl.maximum(tl.where(ps == ps, ps, 0.0), 0.0), cols - 1.0)
+    i = tl.minimum(tl.floor(pc), rows - 2.0)
+    j = tl.minimum(tl.floor(ps), cols - 2.0)
+    tc = pc - i
+    ts = ps - j
+    corner = i.to(tl.int64) * cols + j.to(tl.int64)
+    v00 = tl.load(start_ptr + corner, mask=valid, other=0.0).to(tl.float64)
+    v01 = tl.load(start_ptr + corner + 1, mask=valid, other=0.0).to(tl.float64)
+    v10 = tl.load(start_ptr + corner + cols, mask=valid, other=0.0).to(tl.float64)
+    v11 = tl.load(start_ptr + corner + cols + 1, mask=valid, other=0.0).to(tl.float64)
+    v0 = v00 + (v01 - v00) * ts
+    v1 = v10 + (v11 - v10) * ts
+    b = tl.exp(v0 + (v1 - v0) * tc)
+    if not REVERSE:  # kl stores log(p b)
+        b = b / p
+    b = tl.minimum(b, 1e300)  # b ~ delta / p overflows for p < ~1e-300; any b that large gives q = 0
+    log_q = x - b
+    lo = x - 2.0 * b
+    hi = x - 0.5 * b
+    for _ in tl.static_range(STEPS):
+        q = tl.exp(log_q)
+        one_minus_q, log_one_minus_q = _log_one_minus(q)
+        if REVERSE:
+            xlogx = tl.where(one_minus_q > 0.0, one_minus_q * log_one_minus_q, 0.0)
+            f = q * (log_q - x) + xlogx - one_minus_q * log_one_minus_p - delta
+            d1 = q * ((log_q - x) - (log_one_minus_q - log_one_minus_p))
+            d2 = d1 + q / one_minus_q
+        else:
+            f = p * (x - log_q) + one_minus_p * (log_one_minus_p - log_one_minus_q) - delta
+            d1 = (q - p) / one_minus_q
+            d2 = q * one_minus_p / (one_minus_q * one_minus_q)
+        step = f / d1
+        # Halley: the Newton step over 1 - f f'' / (2 f'^2), the divisor kept >= 1/2 far from the root
+        step = step / tl.maximum(1.0 - 0.5 * step * d2 / d1, 0.5)
+        log_q = tl.minimum(tl.maximum(log_q - step, lo), hi)
+    return log_q
 
 
 @triton.jit
 def _band(
     x, delta, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
-    KIND: tl.constexpr, BISECT: tl.constexpr, NEWTON: tl.constexpr,
+    rows, cols, s_min, s_per_unit, KIND: tl.constexpr, STEPS: tl.constexpr,
 ):  # fmt: skip
     """Unclamped band [lo, hi] and `at_edge` (hi is the simplex edge 1/p itself) for x = log p <= 0,
     with the rules of `band_bounds`. x and delta are float64 (delta per token, or the scalar); the
@@ -190,13 +207,20 @@ def _band(
         distance_low = -tl.log(_one_minus_exp(x)) - delta
         idx, t = _table_position(tl.log(distance_low), u_min, cells_per_unit, cells)
         lo = tl.where(distance_low <= 0.0, 0.0, tl.exp(_horner(table_ptr, 4, cells, idx, t, valid) - x))
-    elif KIND >= 6:  # kl / reverse_kl, per-token delta: the root solver, both roots as lower roots
+    elif KIND >= 6:  # kl / reverse_kl, per-token delta: start table + Halley steps, both roots as lower roots
         p = tl.exp(x)
         one_minus_p = _one_minus_exp(x)
         log_one_minus_p = tl.log(one_minus_p)
-        lower_log_q = _lower_log_root(x, p, one_minus_p, log_one_minus_p, delta, KIND == 7, BISECT, NEWTON)
+        log_delta = tl.log(delta)
+        lower_log_q = _started_lower_log_root(
+            x, p, one_minus_p, log_one_minus_p, delta, log_delta, table_ptr, rows, cols,
+            u_min, cells_per_unit, s_min, s_per_unit, valid, KIND == 7, STEPS,
+        )  # fmt: skip
         # the upper root's 1 - q_up is the lower root of the mirrored pair (1 - p, 1 - q)
-        upper_log_1mq = _lower_log_root(log_one_minus_p, one_minus_p, p, x, delta, KIND == 7, BISECT, NEWTON)
+        upper_log_1mq = _started_lower_log_root(
+            log_one_minus_p, one_minus_p, p, x, delta, log_delta, table_ptr, rows, cols,
+            u_min, cells_per_unit, s_min, s_per_unit, valid, KIND == 7, STEPS,
+        )  # fmt: skip
         lo = tl.where(p == 0.0, 0.0, tl.exp(lower_log_q - x))  # p = 0: [0, inf]
         hi = tl.where(p == 0.0, float("inf"), _one_minus_exp(upper_log_1mq) * inv_p)
         at_edge = x == 0.0
@@ -231,7 +255,13 @@ def _band(
         # p = 1 exactly: the p -> 1 limits (solved roots meet 0 / 0 there)
         lo = tl.where(x == 0.0, _lower_at_p_one(delta, KIND), lo)
         hi = tl.where(x == 0.0, 1.0, hi)
-    return lo.to(tl.float32), hi.to(tl.float32), at_edge
+    lo32 = lo.to(tl.float32)
+    hi32 = hi.to(tl.float32)
+    if KIND != 0:
+        # a bound that rounds to the edge is the edge (kl's upper root is within (1 - p) e^(-delta / (1 - p))
+        # of 1/p as p -> 1, below float32 resolution): decided in log space like a saturated one
+        at_edge = at_edge | (hi32 >= inv_p.to(tl.float32))
+    return lo32, hi32, at_edge
 
 
 @triton.jit
@@ -248,9 +278,10 @@ def _band_loss_fwd_kernel(
     loss_ptr, coef_ptr, flags_ptr, out_lo_ptr, out_hi_ptr,
     n_elements, n_cols,
     logp_s0, logp_s1, old_s0, old_s1, adv_s0, adv_s1, mask_s0, mask_s1, delta_s0, delta_s1,
-    cells, u_min, cells_per_unit, upper_cap, relax_lo, relax_hi, dual_clip,
+    cells, u_min, cells_per_unit, rows, s_min, s_per_unit, delta_min, delta_max,
+    upper_cap, relax_lo, relax_hi, dual_clip,
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, HAS_CAP: tl.constexpr, HAS_RELAX: tl.constexpr,
-    HAS_DUAL: tl.constexpr, STORE_BOUNDS: tl.constexpr, BISECT: tl.constexpr, NEWTON: tl.constexpr,
+    HAS_DUAL: tl.constexpr, STORE_BOUNDS: tl.constexpr, STEPS: tl.constexpr,
     LR_CLAMP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
@@ -267,19 +298,21 @@ def _band_loss_fwd_kernel(
     old = tl.load(old_ptr + row * old_s0 + col * old_s1, mask=valid, other=0.0).to(tl.float32)
     adv = tl.load(adv_ptr + row * adv_s0 + col * adv_s1, mask=valid, other=0.0).to(tl.float32)
     # the radius: per token, per sequence (zero column stride) or the scalar (both strides zero)
-    delta = tl.load(delta_ptr + row * delta_s0 + col * delta_s1, mask=valid, other=1.0).to(tl.float64)
+    delta = tl.load(delta_ptr + row * delta_s0 + col * delta_s1, mask=valid, other=0.05).to(tl.float64)
 
     raw = logp - old
-    log_ratio = tl.minimum(tl.maximum(raw, -LR_CLAMP), LR_CLAMP)
+    # OpenRLHF's torch.clamp keeps nan (PTX min / max would drop it)
+    log_ratio = tl.where(raw == raw, tl.minimum(tl.maximum(raw, -LR_CLAMP), LR_CLAMP), raw)
     ratio = tl.exp(log_ratio)
 
     x = tl.minimum(old, 0.0)  # log p slightly above 0 from rounding counts as p = 1
     x = tl.where(old == old, x, old)  # keep nan as nan (min(nan, 0) may drop it)
     lo, hi, at_edge = _band(
         x.to(tl.float64), delta, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
-        KIND, BISECT, NEWTON,
+        rows, cells, s_min, s_per_unit, KIND, STEPS,
     )  # fmt: skip
-    bad_delta = ~(delta > 0.0) | (delta == float("inf"))  # a per-token radius <= 0, nan or inf: nan band
+    # a per-token radius <= 0, nan, inf, or outside the per-token solver's range: a nan band
+    bad_delta = ~(delta > 0.0) | ~(delta >= delta_min) | ~(delta <= delta_max)
     lo = tl.where(bad_delta, float("nan"), lo)
     hi = tl.where(bad_delta, float("nan"), hi)
     at_edge = at_edge & ~bad_delta
@@ -294,24 +327,31 @@ def _band_loss_fwd_kernel(
     # log r > -log p, i.e. q > 1 (float32 exp(log q - log p) at q = 1 can round above float32(1/p))
     hi_loss = tl.where(at_edge & (log_ratio <= -x), float("inf"), hi)
 
+    # OpenRLHF's PolicyLoss, term by term: surr1 = r A, surr2 = clamp(r, lo, hi) A, -min(surr1, surr2),
+    # with torch's nan propagation and its gradient rule at ties (torch.min / torch.max give each
+    # side half where the two are equal; torch.clamp passes the gradient where lo <= r <= hi)
+    in_band = (ratio >= lo) & (ratio <= hi_loss)
+    clamped = tl.minimum(tl.maximum(ratio, lo, propagate_nan=tl.PropagateNan.ALL), hi_loss,
+                         propagate_nan=tl.PropagateNan.ALL)  # fmt: skip
     surr1 = ratio * adv
-    surr2 = tl.minimum(tl.maximum(ratio, lo), hi_loss) * adv
-    objective = tl.minimum(surr1, surr2)
+    surr2 = clamped * adv
+    objective = tl.minimum(surr1, surr2, propagate_nan=tl.PropagateNan.ALL)
+    weight = tl.where(surr1 < surr2, 1.0, tl.where(surr2 < surr1, in_band.to(tl.float32), 0.0))
+    weight = tl.where(surr1 == surr2, 0.5 + 0.5 * in_band.to(tl.float32), weight)
     clipped_upper = valid & (adv > 0) & (ratio > hi_loss)
     clipped_lower = valid & (adv < 0) & (ratio < lo)
-    # d objective / d log pi = r A on the active unclipped branch; at an exact tie between that
-    # branch and the dual-clip floor torch.max (so OpenRLHF) splits the gradient in half
-    grad_share = 1.0
     if HAS_DUAL:
         floor = dual_clip * adv
         dual = valid & (adv < 0) & (floor > objective)
-        grad_share = tl.where(valid & (adv < 0) & (floor == objective), 0.5, 1.0)
+        weight = tl.where(adv < 0, weight * tl.where(floor == objective, 0.5, tl.where(dual, 0.0, 1.0)), weight)
         objective = tl.where(dual, floor, objective)
     else:
         dual = valid & (adv != adv)  # all false, same shape
     loss = tl.where(valid, -objective, 0.0)
-    active = valid & ~clipped_upper & ~clipped_lower & ~dual & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP)
-    coef = tl.where(active, -ratio * adv * grad_share, 0.0)
+    # the log-ratio clamp passes the gradient only inside [-20, 20] (a nan log-ratio: none)
+    weight = tl.where(valid & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP), weight, 0.0)
+    # d loss / d log pi; nan where A is nan (0 * nan), as on the torch path
+    coef = tl.where(valid, -ratio * adv * weight, 0.0)
 
     tl.store(loss_ptr + offs, loss, mask=in_range)
     tl.store(coef_ptr + offs, coef, mask=in_range)
@@ -392,30 +432,38 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     out_hi = torch.empty(shape2d, dtype=torch.float32, device=device) if return_bounds else loss
 
     per_token = isinstance(delta, Tensor)
-    if per_token:  # per token (B, T) or per sequence (B, 1) / (B,): read through its strides
-        delta_2d = delta.reshape(shape2d) if delta.shape == log_probs.shape else broadcast_advantages(delta, shape2d)
+    if per_token:  # per token, or per sequence as (B, 1) (the dispatcher made (B,) so): read through its strides
+        try:
+            delta_full = torch.broadcast_to(delta, log_probs.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"delta of shape {tuple(delta.shape)} does not fit log_probs of shape {tuple(log_probs.shape)}"
+            ) from None
+        delta_2d = delta_full if log_probs.dim() == 2 else delta_full.reshape(shape2d)
     else:  # the scalar, as a float64 value read with zero strides (float32 would round it)
         delta_2d = torch.full((1, 1), delta, dtype=torch.float64, device=device).expand(shape2d)
-    table, cells, u_min, cells_per_unit = loss, 1, 0.0, 1.0
+    table, cells, rows, u_min, cells_per_unit, s_min, s_per_unit = loss, 1, 1, 0.0, 1.0, 0.0, 1.0
+    delta_min, delta_max = 0.0, math.inf  # a per-token radius must be > 0 and finite (also checked in-kernel)
     lo_pre = hi_pre = loss
+    kernel_table = None
     if given_bounds is not None:
         kind = BOUNDS_PRECOMPUTED
         lo_pre, hi_pre = given_bounds
     elif divergence in _IN_KERNEL_CLOSED_FORMS:
         kind = _IN_KERNEL_CLOSED_FORMS[divergence]
     elif per_token and divergence in _IN_KERNEL_SOLVERS:
-        kind = _IN_KERNEL_SOLVERS[divergence]
-    elif divergence == "kl":
-        kind, table = BOUNDS_KL_TABLE, _root_table("kl", delta, device)
-        u_min, cells_per_unit = _TABLE_W_MIN, float(_TABLE_CELLS_PER_UNIT)
-    elif divergence == "reverse_kl":
-        kind, table = BOUNDS_EDGE_TABLE, _edge_tables("reverse_kl", delta, device)
-        u_min, cells_per_unit = _EDGE_U_MIN, float(_EDGE_CELLS_PER_UNIT)
+        kind, kernel_table = _IN_KERNEL_SOLVERS[divergence], per_token_start_table(divergence, device)
+        delta_min, delta_max = PER_TOKEN_DELTA_RANGE
+    elif divergence in _IN_KERNEL_TABLES:
+        kind, kernel_table = _IN_KERNEL_TABLES[divergence], scalar_delta_table(divergence, delta, device)
     else:  # a divergence registered by the user: bounds from the torch operator, read by the kernel
         kind = BOUNDS_PRECOMPUTED
         lo_pre, hi_pre = (b.reshape(shape2d).contiguous() for b in band_bounds(old, divergence, delta))
-    if table is not loss:
-        cells = table.shape[1]
+    if kernel_table is not None:
+        table = kernel_table.values
+        rows, cells = table.shape  # [8, cells] cubic coefficients, or [rows, cols] start points
+        u_min, cells_per_unit = kernel_table.coordinate_min, kernel_table.coordinate_cells_per_unit
+        s_min, s_per_unit = kernel_table.log_delta_min, kernel_table.log_delta_cells_per_unit
 
     if action_mask is not None:
         mask = action_mask.reshape(shape2d) if action_mask.dim() != 2 else action_mask
@@ -433,14 +481,14 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
             n, shape2d[1],
             logp.stride(0), logp.stride(1), old.stride(0), old.stride(1),
             adv.stride(0), adv.stride(1), mask_strides[0], mask_strides[1], delta_2d.stride(0), delta_2d.stride(1),
-            cells, u_min, cells_per_unit,
+            cells, u_min, cells_per_unit, rows, s_min, s_per_unit, delta_min, delta_max,
             float(upper_cap) if upper_cap is not None else math.inf,
             1.0 - float(relax[0]) if relax is not None else 1.0,
             1.0 + float(relax[1]) if relax is not None else 1.0,
             float(dual_clip) if dual_clip is not None else 0.0,
             KIND=kind, HAS_MASK=action_mask is not None, HAS_CAP=upper_cap is not None,
             HAS_RELAX=relax is not None, HAS_DUAL=dual_clip is not None, STORE_BOUNDS=return_bounds,
-            BISECT=_SOLVE_BISECT_STEPS, NEWTON=_SOLVE_NEWTON_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
+            STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
         )  # fmt: skip
     shape = log_probs.shape
     bounds = (out_lo.reshape(shape), out_hi.reshape(shape)) if return_bounds else (None, None)
@@ -463,9 +511,9 @@ def band_token_loss_triton(
 ) -> BandTokenLoss:
     """The fused kernel path of `openrlhf_band.band_token_loss` (same arguments and outputs)."""
     if isinstance(delta, Tensor):
-        _validate(divergence, 1.0, upper_cap, relax)
+        validate_band(divergence, 1.0, upper_cap, relax)
     else:
-        _validate(divergence, delta, upper_cap, relax)
+        validate_band(divergence, delta, upper_cap, relax)
         delta = float(delta)
     if bounds is not None:  # used as given: the kernel reads them, no cap or relax on top
         shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))

@@ -798,3 +798,33 @@ def test_masked_tokens_with_invalid_delta_stay_zero():
         (grad,) = torch.autograd.grad(out.loss, lp, grad_outputs=case.upstream)
         assert torch.isfinite(out.loss).all() and (out.loss[~mask] == 0).all(), backend
         assert torch.isfinite(grad).all() and (grad[~mask] == 0).all(), backend
+
+
+# kl never saturates, but as p -> 1 its upper root is within (1 - p) exp(-delta / (1 - p)) of 1/p,
+# below float32 resolution: on the grid p = 1 - 10^(-k/7), k = 7..59, the 60-digit upper bound of
+# most points rounds to float32(1/p). The rule on both backends: such a bound is the edge, so q = 1
+# (new log-prob exactly 0) is inside the band, and q > 1 is clipped.
+KL_EDGE_GRID = [math.log1p(-(10.0 ** (-k / 7))) for k in range(7, 60)]
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["scalar", "per-token"])
+@pytest.mark.parametrize("delta", [0.05, 0.003])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_kl_bound_that_rounds_to_the_edge_is_the_edge(delta, per_token, backend):
+    import band_exact as X
+
+    old = torch.tensor(KL_EDGE_GRID, dtype=torch.float32)
+    edge32 = torch.exp(-old.double()).float()
+    exact_up = [X.exact_bounds("kl", float(x), delta)[1] for x in old.tolist()]
+    on_edge = torch.tensor([float(torch.tensor(float(up)).float()) == float(e) for up, e in zip(exact_up, edge32)])
+    assert on_edge.sum() >= 15 and (~on_edge).sum() >= 5, "the grid must hold both kinds of points"
+    delta_arg = torch.full_like(old, delta) if per_token else delta
+    adv = torch.ones_like(old)
+    out = band_token_loss(torch.zeros_like(old), old, adv, divergence="kl", delta=delta_arg, backend=backend,
+                          return_bounds=True)  # fmt: skip
+    # the returned bound is the edge exactly where the 60-digit bound rounds to it
+    assert torch.equal(out.upper[on_edge], edge32[on_edge])
+    assert not out.clipped_upper[on_edge].any(), old[on_edge & out.clipped_upper]
+    # q > 1 (an invalid new log-prob, one float32 step above 0) is clipped there
+    above = band_token_loss(torch.full_like(old, 1e-6), old, adv, divergence="kl", delta=delta_arg, backend=backend)
+    assert above.clipped_upper[on_edge].all()
