@@ -25,15 +25,14 @@ plus backward, i.e. ~7 ns per 1,000 tokens):
   see `band_bounds`), 8 fp64 coefficients of 2 x ~1,200-3,400 cells (< 220 KiB, L2-resident):
   two 32-byte gathers from L2 and two Horner evaluations per token, no iterations. Memory-bound
   like clipping.
-* kl and reverse_kl with a per-token delta: no table covers a continuum of deltas at float32
-  precision in L2 (a 2-D bicubic table would need ~8 MB and 256 gathered bytes per token), so the
-  roots are solved in registers: both as lower roots (the upper root's 1 - q is the lower root of
-  the mirrored pair, so each is solved in the variable where g is close to linear), 20 bisection
-  and 8 bracketed Newton steps in float64, as `band_bounds` does (held to 1e-12 by the oracle
-  tests). That is ~28 x 2 x (3 fp64 transcendentals + ~10 ops) per token: compute-bound, estimated
-  at several times the memory time of plain clipping on an H200 (not measured: no GPU was lent).
-  A table of starting points with two Newton steps would cut it ~5x; it is the next step if the
-  measured cost matters.
+* kl and reverse_kl with a per-token delta: no 1-D table covers a continuum of deltas, so each root
+  starts from a 2-D float32 table over (the table coordinate, log delta) shared by all radii in
+  `PER_TOKEN_DELTA_RANGE` (~300-400 KiB, L2-resident; four 4-byte gathers per root), then two Halley
+  steps in float64 (both roots as lower roots: the upper root's 1 - q is the lower root of the
+  mirrored pair), the same table and steps as `band_bounds`. Measured from the compiled code (sm_90):
+  ~900 float64 SASS instructions per token (the bisection + Newton solver it replaced: ~6,300),
+  118-122 registers at 2 tokens per thread, no spills, ~1.5 s to compile. Compute-bound on a GPU
+  (docs/kernel.md has the roofline estimate; not measured: no GPU was lent).
 * Any other registered divergence: bounds precomputed by `band_bounds` and read (8 B/token more).
 
 Exact clip decisions at the simplex edge: where hi is the edge 1/p itself (a saturated bound, or
@@ -86,6 +85,23 @@ _IN_KERNEL_TABLES = {"kl": BOUNDS_KL_TABLE, "reverse_kl": BOUNDS_EDGE_TABLE}
 # 1024 elements per program: enough independent loads in flight to saturate HBM on a GPU, and few
 # launches' worth of Python overhead for the CPU interpreter (~20 ms per program there).
 _BLOCK = 1024
+# Warps per program, from the ahead-of-time resource table (`openrlhf-band aot`, sm_80 / sm_90, triton
+# 3.7.1; bench/results/aot_triton-*.csv). An H200 SM must keep ~25 KB of loads in flight to stream at
+# its share of 4.8 TB/s (~18 B per cycle x ~1,400 cycles of latency); a forward token loads 13-17 B.
+# * memory-bound forwards (closed forms, scalar tables, given bounds): 8 warps, 4 tokens per thread:
+#   64-126 registers, 2-4 blocks of 256 threads per SM, 2,048-4,096 tokens (~30-60 KB) in flight. With
+#   4 warps (8 tokens per thread) the same code took 166-255 registers (2 blocks per SM), with 16 warps
+#   54-64 registers but still 2 blocks (1,024-thread cap of 2,048 threads per SM): no more in flight.
+# * per-token kl / reverse_kl solves (~900 float64 instructions per token: compute-bound, ~6x the
+#   memory time on an H200 by the roofline in docs/kernel.md): 16 warps, 2 tokens per thread: 118-122
+#   registers, no spills, one block of 512 threads per SM. With 8 warps they took 218-234 registers
+#   (one block of 256 threads, half the warps to hide float64 latency), with 32 warps the compiler's
+#   64-register cap spilled.
+# * backward (a streaming multiply, 12 B per token): 4 warps, 8 tokens per thread, 54-56 registers.
+# The CPU interpreter ignores warps; its cost is per program, hence one BLOCK for all.
+_FORWARD_WARPS = 8
+_SOLVE_WARPS = 16
+_BACKWARD_WARPS = 4
 
 
 @triton.jit
@@ -376,6 +392,10 @@ def _band_loss_bwd_kernel(grad_out_ptr, coef_ptr, grad_in_ptr, n_elements, s0, s
     tl.store(grad_in_ptr + offs, grad.to(grad_in_ptr.dtype.element_ty), mask=in_range)
 
 
+def _forward_warps(kind: int) -> int:
+    return _SOLVE_WARPS if kind in (BOUNDS_KL_SOLVE, BOUNDS_REVERSE_KL_SOLVE) else _FORWARD_WARPS
+
+
 def _as_2d(t: Tensor, shape: torch.Size) -> Tensor:
     """A (B, T) view of t (1-D tensors become (1, T)); strides are passed to the kernel."""
     return t.reshape(shape) if t.dim() != 2 else t
@@ -410,6 +430,7 @@ class BandLossFunction(torch.autograd.Function):
                 grad_loss.stride(1),
                 coef.shape[1],
                 BLOCK=_BLOCK,
+                num_warps=_BACKWARD_WARPS,
             )
         return grad.reshape(ctx.log_probs_shape), None, None, None, None
 
@@ -488,7 +509,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
             float(dual_clip) if dual_clip is not None else 0.0,
             KIND=kind, HAS_MASK=action_mask is not None, HAS_CAP=upper_cap is not None,
             HAS_RELAX=relax is not None, HAS_DUAL=dual_clip is not None, STORE_BOUNDS=return_bounds,
-            STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
+            STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK, num_warps=_forward_warps(kind),
         )  # fmt: skip
     shape = log_probs.shape
     bounds = (out_lo.reshape(shape), out_hi.reshape(shape)) if return_bounds else (None, None)
