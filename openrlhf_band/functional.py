@@ -1,9 +1,24 @@
 """Functional API: `band_token_loss`, dispatching between the fused Triton kernel and the torch
-reference."""
+reference.
+
+One contract for both backends (each rule is enforced here, before either backend runs, or is
+followed by both and held by tests/ops/test_differential.py and tests/ops/test_backend_contract.py):
+
+* a 1-D radius of length B against (B, T) inputs is one radius per sequence, also when B == T;
+* the gradient is OpenRLHF's PolicyLoss gradient, ties included (torch.min / torch.max split it
+  in half where both branches are equal in float32);
+* user-supplied `bounds` with lower > upper at an unmasked position are refused (ValueError);
+* float64 log_probs are computed by the torch reference (the kernel computes in float32);
+* an unmasked NaN advantage gives a NaN loss and gradient at its token; masked tokens are 0;
+* with backend="auto", a kernel that fails to compile or launch falls back to the torch reference
+  with one warning per process and kernel variant (`BandKernelFallbackWarning`).
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import warnings
 
 import torch
 from torch import Tensor
@@ -13,19 +28,136 @@ from openrlhf_band.ops.reference import BandTokenLoss, band_token_loss_reference
 
 BACKENDS = ("auto", "triton", "torch")
 
+_SILENCE_HINT = "pass --actor.band.backend torch (or backend='torch')"
+# str() of a failure is cut to this many characters in our message: a ptxas or MLIR error carries
+# the whole kernel source; the full text stays on the chained exception (backend="triton")
+_MAX_ERROR_CHARS = 600
+
+
+class BandKernelFallbackWarning(RuntimeWarning):
+    """backend="auto" fell back to the torch reference because the fused Triton kernel failed to
+    compile or launch; warned once per process and kernel variant."""
+
+
+# kernel variants (see `_kernel_variant`) whose compilation or launch failed in this process:
+# backend="auto" sends them straight to the torch reference (no retry, no second warning)
+_FAILED_VARIANTS: dict[tuple, str] = {}
+
 
 def _triton_usable(device: torch.device) -> bool:
+    """Whether the kernel can run on `device` at all: CUDA, or CPU under Triton's interpreter
+    (TRITON_INTERPRET=1, read at call time)."""
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _auto_uses_kernel(device: torch.device) -> bool:
+    """The device rule of backend="auto": the fused kernel for CUDA tensors, the torch reference
+    elsewhere (float64 goes to the reference whatever this says). A separate function so that
+    tests can make a CPU tensor kernel-eligible under the interpreter (to test the fallback)."""
+    return device.type == "cuda"
+
+
+def _kernel_variant(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None,
+    divergence: str,
+    delta: float | Tensor,
+    upper_cap: float | None,
+    relax: tuple[float, float] | None,
+    dual_clip: float | None,
+    return_bounds: bool,
+    bounds: tuple[Tensor, Tensor] | None,
+) -> tuple:
+    """What one compilation of the kernel depends on: the device, the dtypes of the tensors it
+    reads, how the band is obtained and which optional features are on (its constexprs). A failure
+    for one variant (say bfloat16 with a per-token kl radius) says nothing about another."""
+    return (
+        str(log_probs.device),
+        log_probs.dtype,
+        old_log_probs.dtype,
+        advantages.dtype,
+        None if action_mask is None else action_mask.dtype,
+        "bounds" if bounds is not None else divergence,
+        delta.dtype if isinstance(delta, Tensor) else "scalar",
+        upper_cap is not None,
+        relax is not None,
+        dual_clip is not None,
+        bool(return_bounds),
+    )
+
+
+def _triton_error_types() -> tuple[type[BaseException], ...]:
+    """Triton's own exception classes: TritonError is the base of CompilationError (and its
+    CompileTimeAssertionFailure / UnsupportedLanguageConstruct), OutOfResources (shared memory,
+    registers), PTXASError, InterpreterError and AutotunerError in Triton 3.6-3.9; older releases
+    without triton.errors still have the first two."""
+    try:
+        from triton.errors import TritonError
+
+        return (TritonError,)
+    except ImportError:  # pragma: no cover - Triton < 3.2
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources
+
+        return (CompilationError, OutOfResources)
+
+
+def _raised_inside_triton(err: BaseException) -> bool:
+    """Whether the innermost Python frame of err's traceback lies in the triton package. Errors
+    raised in C and C++ (the CUDA launcher's "Triton Error [CUDA]: ...", MLIR's "PassManager::run
+    failed", a failed libcuda load) surface in the Triton frame that called into them."""
+    import triton
+
+    root = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(root)
+
+
+def _is_kernel_failure(err: BaseException) -> bool:
+    """Whether err means "the fused kernel cannot be built or launched here" (fall back), rather
+    than a bad input or a full GPU (re-raise). Falls back on:
+    * Triton's own errors (`_triton_error_types`): compilation, ptxas, resources, interpreter;
+    * subprocess.CalledProcessError: the C compiler building Triton's launcher stub failed (e.g. no
+      Python.h on the machine);
+    * RuntimeError or OSError raised inside the triton package: no active driver / backend, no C
+      compiler, no ptxas or libcuda, MLIR pass failures, CUDA launch errors.
+    Never on torch.cuda.OutOfMemoryError (a RuntimeError: the torch path would need the memory too),
+    nor on our ValueErrors or errors raised by torch or our launcher code outside Triton."""
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return False
+    if isinstance(err, _triton_error_types()) or isinstance(err, subprocess.CalledProcessError):
+        return True
+    return isinstance(err, (RuntimeError, OSError)) and _raised_inside_triton(err)
+
+
+def _failure_message(err: BaseException, variant: tuple) -> str:
+    text = str(err)
+    if len(text) > _MAX_ERROR_CHARS:
+        text = text[:_MAX_ERROR_CHARS] + " [...]"
+    return (
+        f"openrlhf_band: the fused Triton kernel of band_token_loss failed to compile or launch "
+        f"(device, dtypes and options: {variant}): {type(err).__name__}: {text}"
+    )
+
+
 def _delta_view(delta: Tensor, log_probs: Tensor) -> Tensor:
-    """A per-token or per-sequence radius as a tensor that broadcasts to log_probs: (B,) against
-    (B, T) is per sequence, as for advantages; anything else must broadcast as it is."""
+    """A per-token or per-sequence radius as a tensor that broadcasts to log_probs.
+
+    For 2-D (B, T) log_probs a 1-D radius of length B is one radius per sequence and becomes
+    (B, 1), also when B == T (as for advantages: a square batch must not silently switch to a
+    per-column reading); anything else must broadcast as it is (per token (B, T), (B, 1), ...).
+    """
     if not delta.is_floating_point():
         raise ValueError(f"a per-token delta must be a floating-point tensor, got {delta.dtype}")
     if delta.device != log_probs.device:
         raise ValueError(f"delta is on {delta.device}, log_probs on {log_probs.device}")
-    if log_probs.dim() == 2 and delta.shape == (log_probs.shape[0],) != (log_probs.shape[1],):
+    if log_probs.dim() == 2 and delta.dim() == 1 and delta.shape[0] == log_probs.shape[0]:
         delta = delta.unsqueeze(-1)
     try:
         torch.broadcast_shapes(delta.shape, log_probs.shape)
@@ -35,6 +167,41 @@ def _delta_view(delta: Tensor, log_probs: Tensor) -> Tensor:
             "expected a number, per token (same shape), or per sequence (B, 1) / (B,)"
         ) from None
     return delta
+
+
+def _given_bounds(
+    bounds: tuple[Tensor | float, Tensor | float], log_probs: Tensor, action_mask: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """User-supplied (lower, upper) as float32 tensors on log_probs' device, checked: they must
+    broadcast to log_probs and satisfy lower <= upper at every unmasked position (masked ones may
+    hold anything). One host sync per call (the `.any()`), only on this path."""
+    if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+        raise ValueError("bounds must be a pair (lower, upper) of tensors or numbers")
+    lower, upper = (torch.as_tensor(b, dtype=torch.float32, device=log_probs.device) for b in bounds)
+    for name, b in (("lower", lower), ("upper", upper)):
+        try:
+            torch.broadcast_shapes(b.shape, log_probs.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"bounds: {name} of shape {tuple(b.shape)} does not broadcast to log_probs of shape "
+                f"{tuple(log_probs.shape)}"
+            ) from None
+    # float32 rounding is monotone: lower <= upper before the cast stays true after it
+    inverted = (lower > upper).expand(log_probs.shape)
+    if action_mask is not None:
+        inverted = inverted & (action_mask != 0)
+    if bool(inverted.any()):
+        n = int(inverted.sum())
+        first = tuple(int(i) for i in inverted.nonzero()[0])
+        lo_first = float(lower.expand(log_probs.shape)[first])
+        hi_first = float(upper.expand(log_probs.shape)[first])
+        raise ValueError(
+            f"bounds=(lower, upper) has lower > upper at {n} unmasked position(s), first at index {first} "
+            f"(lower={lo_first!r}, upper={hi_first!r}): every unmasked token needs lower <= upper. "
+            "Check the order of the pair (lower first) and the rule that computed it, or mask those "
+            "tokens with action_mask"
+        )
+    return lower, upper
 
 
 def band_token_loss(
@@ -54,26 +221,48 @@ def band_token_loss(
 ) -> BandTokenLoss:
     """Per-token Band surrogate -min(r A, clip(r, r_low(p), r_up(p)) A), dual-clipped when asked.
 
+    r = exp(clamp(log_probs - old_log_probs, -20, 20)) is the ratio pi_theta / pi_old (as in
+    OpenRLHF 0.11.2), A the advantage, p = exp(old_log_probs) the old probability.
+
     Args:
-        log_probs: log pi_theta of the sampled tokens, (B, T) (or any shape; 1-D is one row),
-            float32 or bfloat16 (float64 on the torch backend), requires grad.
+        log_probs: log pi_theta of the sampled tokens (natural log), (B, T) (or any shape; 1-D is
+            one row), float32 or bfloat16 (float64: see `backend`), requires grad.
         old_log_probs: log pi_old, same shape, any float dtype; defines p and the band.
-        advantages: per token (B, T) or per sequence (B, 1) / (B,).
+        advantages: per token (B, T) or per sequence (B, 1) / (B,). An unmasked NaN advantage gives
+            a NaN loss and a NaN gradient at its token (as OpenRLHF's PolicyLoss, on both backends);
+            a masked one is ignored (0).
         action_mask: (B, T), bool or 0/1 of any int/float dtype; None = all tokens count.
         divergence, delta, upper_cap, relax: the band, as in `band_bounds`; delta is a number or a
-            tensor: per token (B, T), or per sequence (B, 1) / (B,), with no gradient.
+            tensor with no gradient: per token (B, T), or per sequence (B, 1) / (B,). For 2-D
+            inputs a 1-D delta of length B is always per sequence, also when B == T.
         dual_clip: c > 1: for A < 0 the objective is floored at c * A (no gradient there).
-        backend: "auto" (CUDA -> triton, otherwise torch), "triton" (CUDA, or CPU under
-            TRITON_INTERPRET=1), or "torch".
+        backend: "auto": the fused kernel for CUDA tensors of float32 / bfloat16 / float16
+            log_probs, the torch reference otherwise (CPU tensors; float64 log_probs, which the
+            kernel would compute in float32). If the kernel fails to compile or launch (a Triton
+            CompilationError, ptxas error, OutOfResources, no usable driver...), "auto" warns once
+            per process and kernel variant (`BandKernelFallbackWarning`) and uses the torch
+            reference for that variant from then on. "triton": the kernel (CUDA, or CPU under
+            TRITON_INTERPRET=1); float64 log_probs raise ValueError, a kernel failure raises
+            RuntimeError chained from Triton's error. "torch": the reference (any device and
+            float dtype; float64 computes in float64, e.g. for gradcheck).
         return_bounds: also return the (lower, upper) ratio bounds used (float32).
         bounds: (lower, upper) ratio bounds (tensors broadcastable to the input, or numbers) to use
             instead of the band, as given (no cap or relax): e.g. a fixed clip interval, or a
-            probability-dependent rule computed by the caller.
+            probability-dependent rule computed by the caller. lower > upper at an unmasked token
+            raises ValueError (masked tokens may hold anything); this check syncs with the device.
 
     Returns:
         `BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, lower, upper)`: per-token
-        loss (float32, exactly 0 at masked positions, never nan/inf there whatever they hold) and
-        boolean flags, each of the input's shape. Aggregation (token-mean etc.) stays with the caller.
+        loss (float32, float64 for float64 log_probs on the torch backend; exactly 0 at masked
+        positions, never nan/inf there whatever they hold) and boolean flags, each of the input's
+        shape. The gradient w.r.t. log_probs is OpenRLHF's PolicyLoss gradient with these bounds,
+        including its tie-breaking (half the gradient where r A and clip(r) A, or the dual-clip
+        floor, are equal in float32). Aggregation (token-mean etc.) stays with the caller.
+
+    Raises:
+        ValueError: invalid arguments or shapes, inverted `bounds`, backend="triton" with float64
+            log_probs or on CPU without the interpreter.
+        RuntimeError: backend="triton" and the kernel failed to compile or launch.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -97,22 +286,55 @@ def band_token_loss(
             f"advantages of shape {tuple(advantages.shape)} do not fit log_probs of shape "
             f"{tuple(log_probs.shape)}: expected per token (same shape) or, for (B, T), per sequence (B, 1) / (B,)"
         )
-    use_triton = backend == "triton" or (backend == "auto" and log_probs.device.type == "cuda")
+    if bounds is not None:
+        bounds = _given_bounds(bounds, log_probs, action_mask)
+    if backend == "triton" and log_probs.dtype == torch.float64:
+        raise ValueError("the fused kernel computes in float32; use backend='torch' for float64, e.g. for gradcheck")
+    use_triton = backend == "triton" or (
+        backend == "auto" and log_probs.dtype != torch.float64 and _auto_uses_kernel(log_probs.device)
+    )
+    args = (log_probs, old_log_probs, advantages, action_mask)
+    options = dict(
+        divergence=divergence, delta=delta, upper_cap=upper_cap, relax=relax, dual_clip=dual_clip,
+        return_bounds=return_bounds, bounds=bounds,
+    )  # fmt: skip
     if use_triton:
         if not _triton_usable(log_probs.device):
             raise ValueError(
                 "backend='triton' needs a CUDA tensor, or TRITON_INTERPRET=1 set before openrlhf_band "
                 "is imported to run the kernel on CPU in Triton's interpreter"
             )
+        variant = _kernel_variant(*args, **options)
+        if backend == "triton" or variant not in _FAILED_VARIANTS:
+            out = _try_kernel(args, options, variant, backend)
+            if out is not None:
+                return out
+    return band_token_loss_reference(*args, **options)
+
+
+def _try_kernel(args: tuple, options: dict, variant: tuple, backend: str) -> BandTokenLoss | None:
+    """The kernel's result, or None after a kernel failure with backend="auto" (warned once for
+    this variant); with backend="triton" a failure raises RuntimeError. Anything that is not a
+    kernel failure (`_is_kernel_failure`) propagates unchanged. This covers the forward launch
+    (where the fused kernel compiles); the backward kernel runs later, inside autograd, and is
+    not covered."""
+    try:
         from openrlhf_band.ops.band_loss import band_token_loss_triton
 
-        return band_token_loss_triton(
-            log_probs, old_log_probs, advantages, action_mask, divergence=divergence, delta=delta,
-            upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds, bounds=bounds,
-        )  # fmt: skip
-    if bounds is not None:
-        bounds = tuple(torch.as_tensor(b, dtype=torch.float32, device=log_probs.device) for b in bounds)
-    return band_token_loss_reference(
-        log_probs, old_log_probs, advantages, action_mask, divergence=divergence, delta=delta,
-        upper_cap=upper_cap, relax=relax, dual_clip=dual_clip, return_bounds=return_bounds, bounds=bounds,
-    )  # fmt: skip
+        return band_token_loss_triton(*args, **options)
+    except Exception as err:
+        # an ImportError: no or a broken triton (the kernel module's import, or a backend Triton
+        # imports lazily when it compiles)
+        if not (isinstance(err, ImportError) or _is_kernel_failure(err)):
+            raise
+        message = _failure_message(err, variant)
+        if backend == "triton":
+            raise RuntimeError(f"{message}. To use the torch reference instead, {_SILENCE_HINT}.") from err
+        _FAILED_VARIANTS[variant] = message
+        warnings.warn(
+            f"{message}. Falling back to the torch reference for this variant from now on (same loss "
+            f"and gradient, slower). To silence this warning, {_SILENCE_HINT}.",
+            BandKernelFallbackWarning,
+            stacklevel=3,
+        )
+        return None

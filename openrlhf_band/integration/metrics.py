@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from openrlhf_band.ops.reference import BandTokenLoss
+
 #: Old-probability bins of the per-bin clip-fraction metrics: [0, 0.01), [0.01, 0.1), [0.1, 0.5), [0.5, 1].
 METRIC_PROB_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)
 _BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
 
 
 @torch.no_grad()
-def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None, delta=None) -> dict[str, Tensor]:
+def band_metrics(
+    out: BandTokenLoss, old_log_probs: Tensor, action_mask: Tensor | None, delta: float | Tensor | None = None
+) -> dict[str, Tensor]:
     """0-d float32 metrics, each a mean over the unmasked tokens, so that OpenRLHF's token-weighted
     all-reduce over micro-batches and ranks gives the exact value over the whole step:
 
@@ -26,6 +30,13 @@ def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None, delta=N
     band/delta_mean, band/delta_sq_mean: mean radius and mean squared radius over the tokens (when a
         radius is given: not for bounds_fn rules such as DCPO); with a per-token radius the spread
         is sqrt(delta_sq_mean - delta_mean^2), both exact after the reduction.
+
+    Args:
+        out: `band_token_loss(..., return_bounds=True)`'s output for (B, T) (or any shape) tokens.
+        old_log_probs: log pi_old, the input's shape (natural log).
+        action_mask: the input's shape, bool or 0/1; None = all tokens count.
+        delta: the radius used: a number, per token (the input's shape) or per sequence (B, 1) /
+            (B,); a 1-D radius of length B is per sequence also when B == T.
     """
     mask = torch.ones_like(out.loss, dtype=torch.bool) if action_mask is None else action_mask != 0
     count = mask.sum().clamp(min=1)
@@ -43,8 +54,10 @@ def band_metrics(out, old_log_probs: Tensor, action_mask: Tensor | None, delta=N
     }
     if delta is not None:
         d = torch.as_tensor(delta, dtype=torch.float32, device=out.loss.device)
-        if d.dim() == 1 and out.loss.dim() == 2 and d.shape[0] == out.loss.shape[0] != out.loss.shape[1]:
-            d = d.unsqueeze(-1)  # per sequence, (B,)
+        # per sequence, (B,) against (B, T): one radius per row, also when B == T (the rule of
+        # band_token_loss and band_bounds), never a per-column reading
+        if d.dim() == 1 and out.loss.dim() == 2 and d.shape[0] == out.loss.shape[0]:
+            d = d.unsqueeze(-1)
         d = d.expand(out.loss.shape)
         metrics["band/delta_mean"] = share(d)
         metrics["band/delta_sq_mean"] = share(d * d)

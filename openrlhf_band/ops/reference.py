@@ -1,7 +1,25 @@
 """Pure-torch reference of the Band token loss: the ground truth for the Triton kernel's tests and
-the "torch" provider of the benchmarks. Autograd derives its gradient from the same min / clamp
-expression OpenRLHF's PolicyLoss uses, so kernel-vs-reference gradient tests also check that the
-kernel's hand-written backward reproduces PPO's tie-breaking exactly.
+the "torch" provider of the benchmarks.
+
+What it reproduces, exactly: the loss and its autograd gradient come from the expressions of
+OpenRLHF 0.11.2's PolicyLoss (log-ratio clamped to [-20, 20], surr1 = r A, surr2 = clamp(r, lo, hi)
+A, -min(surr1, surr2); with dual-clip, torch.max(that, c A) where A < 0), evaluated in the same
+float32 order. So with bounds given as (1 - eps_low, 1 + eps_high) its per-token loss and gradient
+w.r.t. log_probs equal PolicyLoss's bit for bit (tests/ops/test_backend_contract.py), ties
+included: where r A and clamp(r) A are equal in float32 (r on a bound, A = 0, or r just outside
+the band with both products rounding to the same float32), torch.min gives each side half of the
+gradient, so such a token gets half of -r A although r lies outside the band (flagged clipped
+where that side clips: A > 0 above the band, A < 0 below); likewise torch.max at a tie with the dual-clip floor c A, and a quarter where both tie.
+With the band, the per-token bounds play lo and hi. Two deliberate departures from PolicyLoss:
+* at the simplex edge (upper == 1/p, saturated or p = 1, not moved by cap or relax) a token with
+  log r <= -log p (q <= 1) is compared against hi = +inf, i.e. PolicyLoss with clip_eps_high = inf
+  there, because float32 exp(log q - log p) at q = 1 can round above float32(1/p); above the edge
+  the usual float32 comparison against 1/p applies;
+* masked positions are replaced by harmless constants before any arithmetic, so they are exactly 0
+  in loss and gradient whatever they hold (OpenRLHF multiplies by the mask afterwards, where a NaN
+  or inf would still reach the gradient through 0 * nan).
+An unmasked NaN advantage (or log-prob) propagates as in PolicyLoss: NaN loss and NaN gradient at
+that token.
 """
 
 from __future__ import annotations
@@ -70,15 +88,18 @@ def band_token_loss_reference(
         log_probs: log pi_theta of the sampled tokens, (B, T), requires grad; float32, bfloat16
             or float64 (float64 computes in float64, for gradcheck).
         old_log_probs: log pi_old, (B, T), no gradient.
-        advantages: (B, T), (B, 1) or (B,).
+        advantages: (B, T), (B, 1) or (B,) (1-D of length B is per sequence, also when B == T).
         action_mask: (B, T) bool or 0/1 of any dtype; None means every token counts.
-        delta: the radius, a number or a tensor broadcastable to log_probs (per token or (B, 1)).
+        delta: the radius, a number or a tensor broadcastable to log_probs (per token or (B, 1);
+            the dispatcher turns a per-sequence (B,) into (B, 1)).
         bounds: precomputed (lower, upper) to use instead of `band_bounds` (e.g. a constant clip
             interval, for equivalence tests against PPO clipping).
 
-    At an upper bound on the simplex edge 1/p (saturated, or p = 1) the clip decision is made in log
-    space, where it is exact: clipped iff log r > -log p, i.e. q > 1 (in float32, exp(log q - log p)
-    at q = 1 can round one ulp above float32(1/p)).
+    Ties and edge: see the module docstring (PolicyLoss's gradient, ties split in half by torch.min
+    and torch.max; at an upper bound on the simplex edge 1/p, a token with log r <= -log p, i.e.
+    q <= 1, is never clipped above: float32 exp(log q - log p) at q = 1 can round one ulp above
+    float32(1/p)). An unmasked NaN advantage gives NaN loss and gradient at its token; masked
+    positions are exactly 0 in both, whatever any input holds there.
     """
     compute_dtype = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
     shape = log_probs.shape
