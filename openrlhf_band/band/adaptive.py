@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import is_positive_finite_number, is_real_number
+from openrlhf_band.band.bounds import PER_TOKEN_DELTA_RANGE, is_positive_finite_number, is_real_number
+from openrlhf_band.band.divergences import get_divergence
 
 ADAPTIVE_RULES = ("none", "entropy")
 CONTROLLER_ERROR_CLIP = 0.2
@@ -52,9 +53,12 @@ def validate_adaptive(
     delta_range: tuple[float, float],
     target_entropy: float | None,
     controller_rate: float,
+    divergence: str | None = None,
 ) -> None:
     """ValueError for an unknown rule, alpha < 0, a range that is not 0 < low <= delta <= high < inf,
-    a target entropy or rate that is not a positive finite number."""
+    a target entropy or rate that is not a positive finite number, or (given the divergence) an
+    entropy rule whose per-token radii could leave the range where the kl / reverse_kl per-token
+    solver is exact (`PER_TOKEN_DELTA_RANGE`: its tokens would get nan bounds)."""
     if adaptive not in ADAPTIVE_RULES:
         raise ValueError(f"adaptive must be one of {', '.join(ADAPTIVE_RULES)}, got {adaptive!r}")
     if not (is_real_number(entropy_power) and math.isfinite(entropy_power) and entropy_power >= 0):
@@ -65,10 +69,24 @@ def validate_adaptive(
         raise ValueError(f"delta_range must be two finite numbers 0 < LOW <= HIGH, got {delta_range!r}")
     if not delta_range[0] <= delta <= delta_range[1]:
         raise ValueError(f"delta {delta!r} must lie in delta_range [{delta_range[0]!r}, {delta_range[1]!r}]")
+    if adaptive == "entropy" and divergence is not None and per_token_start_table_exists(divergence):
+        low, high = PER_TOKEN_DELTA_RANGE
+        if not (low <= delta_range[0] and delta_range[1] <= high):
+            raise ValueError(
+                f"delta_range [{delta_range[0]!r}, {delta_range[1]!r}] leaves [1e-8, {high:g}], the per-token "
+                f"radii the {divergence} band is exact for: pass --actor.band.delta_range LOW HIGH inside it"
+            )
     if target_entropy is not None and not is_positive_finite_number(target_entropy):
         raise ValueError(f"target_entropy must be a positive finite number (nats), got {target_entropy!r}")
     if not is_positive_finite_number(controller_rate):
         raise ValueError(f"controller_rate must be a positive finite number, got {controller_rate!r}")
+
+
+def per_token_start_table_exists(divergence: str) -> bool:
+    """Whether a per-token radius of this divergence goes through the start-table solver (kl,
+    reverse_kl), whose radii are limited to PER_TOKEN_DELTA_RANGE."""
+    div = get_divergence(divergence)
+    return div.closed_form is None and (div.tabulate or div.edge_inverse is not None)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from openrlhf_band.band.adaptive import (
     default_delta_range,
     validate_adaptive,
 )
-from openrlhf_band.band.bounds import _validate
+from openrlhf_band.band.bounds import validate_band
 from openrlhf_band.band.dcpo import DCPO_DEFAULT_EPS, dcpo_bounds, validate_dcpo
 from openrlhf_band.band.divergences import DIVERGENCES
 from openrlhf_band.functional import BACKENDS
@@ -151,11 +151,11 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         band.upper_cap = None
     band.dcpo_eps = None
     try:
-        _validate(band.divergence, band.delta, band.upper_cap, band.relax)
+        validate_band(band.divergence, band.delta, band.upper_cap, band.relax)
         if band.rule == "trust_region":
             band.delta_range = tuple(band.delta_range) if band.delta_range else default_delta_range(band.delta)
             validate_adaptive(band.delta, band.adaptive, band.entropy_power, band.delta_range,
-                              band.target_entropy, band.controller_rate)  # fmt: skip
+                              band.target_entropy, band.controller_rate, band.divergence)  # fmt: skip
         if band.rule == "dcpo":  # OpenRLHF fills eps_clip_low_high from --actor.eps_clip later: read it now
             given_eps = args.actor.eps_clip_low_high
             band.dcpo_eps = tuple(given_eps) if given_eps is not None else DCPO_DEFAULT_EPS

@@ -20,7 +20,7 @@ from openrlhf_band.band.adaptive import (
     entropy_adaptive_delta,
     validate_adaptive,
 )
-from openrlhf_band.band.bounds import _validate
+from openrlhf_band.band.bounds import validate_band
 from openrlhf_band.functional import BACKENDS, band_token_loss
 from openrlhf_band.integration.metrics import band_metrics
 
@@ -75,9 +75,9 @@ class BandPolicyLoss(nn.Module):
         controller_rate: float = DEFAULT_CONTROLLER_RATE,
     ) -> None:
         super().__init__()
-        _validate(divergence, delta, upper_cap, relax)
+        validate_band(divergence, delta, upper_cap, relax)
         delta_range = tuple(delta_range) if delta_range is not None else default_delta_range(delta)
-        validate_adaptive(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate)
+        validate_adaptive(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate, divergence)
         if bounds_fn is not None and (adaptive != "none" or target_entropy is not None):
             raise ValueError("adaptive radii act on the band's delta: they do not apply to bounds_fn rules")
         if policy_loss_type not in ("band", "ppo"):

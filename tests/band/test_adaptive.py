@@ -70,3 +70,18 @@ def test_rejected_settings(kwargs, message):
     settings.update(kwargs)
     with pytest.raises(ValueError, match=message):
         validate_adaptive(0.05, **settings)
+
+
+def test_an_entropy_rule_beyond_the_per_token_solver_range_is_refused():
+    import pytest
+
+    from openrlhf_band.band.adaptive import validate_adaptive
+
+    for divergence in ("kl", "reverse_kl"):
+        with pytest.raises(ValueError, match="per-token radii"):
+            validate_adaptive(0.05, "entropy", 1.0, (1e-9, 0.2), None, 0.1, divergence)
+        with pytest.raises(ValueError, match="per-token radii"):
+            validate_adaptive(5.0, "entropy", 1.0, (1.0, 20.0), None, 0.1, divergence)
+        validate_adaptive(0.05, "entropy", 1.0, (0.0125, 0.2), None, 0.1, divergence)
+    validate_adaptive(5.0, "entropy", 1.0, (1.0, 20.0), None, 0.1, "chi2")  # closed forms: any radius
+    validate_adaptive(5.0, "none", 1.0, (1.0, 20.0), None, 0.1, "kl")  # a scalar radius: any
