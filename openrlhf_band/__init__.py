@@ -16,11 +16,13 @@ _PUBLIC = {
     "get_divergence": "openrlhf_band.band.divergences",
     "register_divergence": "openrlhf_band.band.divergences",
     "band_token_loss": "openrlhf_band.functional",
+    "BandKernelFallbackWarning": "openrlhf_band.functional",
     "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
     "BandTokenLoss": "openrlhf_band.ops.reference",
 }
 __all__ = [
     "DIVERGENCES",
+    "BandKernelFallbackWarning",
     "BandPolicyLoss",
     "BandTokenLoss",
     "Divergence",
@@ -34,7 +36,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from openrlhf_band.band.bounds import band_bounds
     from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
-    from openrlhf_band.functional import band_token_loss
+    from openrlhf_band.functional import BandKernelFallbackWarning, band_token_loss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
     from openrlhf_band.ops.reference import BandTokenLoss
 

@@ -23,7 +23,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import _validate, is_real_number
+from openrlhf_band.band.bounds import is_real_number, validate_band
 from openrlhf_band.ops.reference import BandTokenLoss, band_token_loss_reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -268,10 +268,10 @@ def band_token_loss(
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     # on both backends, also when `bounds` replace the band
     if isinstance(delta, Tensor):
-        _validate(divergence, 1.0, upper_cap, relax)
+        validate_band(divergence, 1.0, upper_cap, relax)
         delta = _delta_view(delta, log_probs)
     else:
-        _validate(divergence, delta, upper_cap, relax)
+        validate_band(divergence, delta, upper_cap, relax)
     if dual_clip is not None and not (is_real_number(dual_clip) and dual_clip > 1.0):
         raise ValueError(f"dual_clip must be > 1 (OpenRLHF's rule), got {dual_clip!r}")
     if old_log_probs.shape != log_probs.shape:

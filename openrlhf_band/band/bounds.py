@@ -98,8 +98,6 @@ def validate_band(divergence: str, delta: float, upper_cap: float | None, relax)
     return div, delta
 
 
-_validate = validate_band  # the name other modules used before validate_band was public
-
 
 def _bernoulli_terms(log_q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     q = torch.exp(log_q)
@@ -652,9 +650,9 @@ def band_bounds_with_edge(
     rule to the same float32 bound."""
     per_token = isinstance(delta, Tensor)
     if per_token:
-        div, _ = _validate(divergence, 1.0, upper_cap, relax)
+        div, _ = validate_band(divergence, 1.0, upper_cap, relax)
     else:
-        div, delta = _validate(divergence, delta, upper_cap, relax)
+        div, delta = validate_band(divergence, delta, upper_cap, relax)
     if not isinstance(old_log_probs, Tensor) or not old_log_probs.is_floating_point():
         raise ValueError("old_log_probs must be a floating-point torch.Tensor of log-probabilities")
     out_dtype = torch.float64 if old_log_probs.dtype == torch.float64 else torch.float32

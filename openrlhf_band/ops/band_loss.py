@@ -362,7 +362,7 @@ def _band_loss_fwd_kernel(
         weight = tl.where(adv < 0, weight * tl.where(floor == objective, 0.5, tl.where(dual, 0.0, 1.0)), weight)
         objective = tl.where(dual, floor, objective)
     else:
-        dual = valid & (adv != adv)  # all false, same shape
+        dual = offs < 0  # all false, same shape (adv != adv would be true at a nan advantage)
     loss = tl.where(valid, -objective, 0.0)
     # the log-ratio clamp passes the gradient only inside [-20, 20] (a nan log-ratio: none)
     weight = tl.where(valid & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP), weight, 0.0)
@@ -454,6 +454,8 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
 
     per_token = isinstance(delta, Tensor)
     if per_token:  # per token, or per sequence as (B, 1) (the dispatcher made (B,) so): read through its strides
+        if log_probs.dim() == 2 and delta.shape == (log_probs.shape[0],):
+            delta = delta.unsqueeze(-1)  # (B,) is one radius per sequence, also when B == T
         try:
             delta_full = torch.broadcast_to(delta, log_probs.shape)
         except RuntimeError:

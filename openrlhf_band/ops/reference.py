@@ -9,9 +9,10 @@ w.r.t. log_probs equal PolicyLoss's bit for bit (tests/ops/test_backend_contract
 included: where r A and clamp(r) A are equal in float32 (r on a bound, A = 0, or r just outside
 the band with both products rounding to the same float32), torch.min gives each side half of the
 gradient, so such a token gets half of -r A although r lies outside the band (flagged clipped
-where that side clips: A > 0 above the band, A < 0 below); likewise torch.max at a tie with the dual-clip floor c A, and a quarter where both tie.
+where that side clips: A > 0 above the band, A < 0 below); likewise torch.max at a tie with the
+dual-clip floor c A, and a quarter where both tie. The fused kernel follows the same rule.
 With the band, the per-token bounds play lo and hi. Two deliberate departures from PolicyLoss:
-* at the simplex edge (upper == 1/p, saturated or p = 1, not moved by cap or relax) a token with
+* at the simplex edge (upper == 1/p: saturated, p = 1, or rounded to 1/p; not moved by cap or relax) a token with
   log r <= -log p (q <= 1) is compared against hi = +inf, i.e. PolicyLoss with clip_eps_high = inf
   there, because float32 exp(log q - log p) at q = 1 can round above float32(1/p); above the edge
   the usual float32 comparison against 1/p applies;
