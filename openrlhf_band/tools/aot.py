@@ -30,6 +30,10 @@ Resources per (variant, target), all from the compiled cubin and ptxas' own `-v`
   sub-partitions), shared memory (+1 KiB the CUDA runtime reserves per block, 128-byte granularity),
   threads and resident blocks per SM, with the per-arch limits in `ARCH_LIMITS`.
 * compile_s: wall seconds of `triton.compile` (Triton's cache is bypassed, TRITON_ALWAYS_COMPILE).
+* AMD targets (`--targets gfx942 gfx90a`): registers = VGPRs (TotalNumVgprs), local_B = ScratchSize
+  (a non-zero scratch counts as a spill), f64/f32 per token = static `v_*f64*` / other `v_*f32*` VALU
+  instructions of the amdgcn listing / elems_per_thread (wavefront 64); no occupancy (0).
+  The wheel's AMD backend (its LLVM and linker are inside libtriton) compiles without a device.
 
 Output: `aot_triton-<version>.json` and `.csv` under --out, and a compact table on stdout. Exit
 status 1 on any compile error or any spill (the failing variants are named), else 0.
@@ -411,7 +415,16 @@ def check_one(variant: Variant, target_spec: str | int) -> Row:
     block = int(launch.kwargs.get("BLOCK", 0))
     row.elems_per_thread = block / (row.num_warps * warp) if block else 0.0
     row.shared_B = int(getattr(meta, "shared", 0) or 0)
-    if target.backend != "cuda":
+    if target.backend != "cuda":  # AMD: VGPRs, scratch and v_*_f64 / v_*_f32 counts from the amdgcn listing
+        gcn = compiled.asm.get("amdgcn", "")
+        vgprs, scratch = re.search(r"; TotalNumVgprs: (\d+)", gcn), re.search(r"; ScratchSize: (\d+)", gcn)
+        row.registers = int(vgprs.group(1)) if vgprs else 0
+        row.local_B = int(scratch.group(1)) if scratch else 0
+        ops = re.findall(r"^\s+(v_\w+)", gcn, flags=re.M)
+        per = row.elems_per_thread or 1.0
+        row.sass_instructions = len(ops)
+        row.f64_per_token = round(sum("f64" in op for op in ops) / per, 2)
+        row.f32_per_token = round(sum("f32" in op and "f64" not in op for op in ops) / per, 2)
         row.ok = True
         return row
     arch = int(target.arch)
@@ -502,12 +515,24 @@ def _check_pair(pair: tuple[Variant, str]) -> Row:
 def run_check(targets: Sequence[str | int], patterns: Sequence[str] | None = None, jobs: int = 1) -> list[Row]:
     """Rows for every selected variant x target, in that order."""
     pairs = [(v, str(t)) for t in targets for v in select_variants(patterns)]
+    rows = []
+
+    def progress(row: Row) -> None:  # one line per compile on stderr, so a long run shows where it is
+        state = "ok" if row.ok else "ERROR"
+        print(f"[{len(rows)}/{len(pairs)}] {row.variant}@{row.target} {state} {row.compile_s} s", file=sys.stderr)
+
     if jobs <= 1:
-        return [_check_pair(p) for p in pairs]
+        for pair in pairs:
+            rows.append(_check_pair(pair))
+            progress(rows[-1])
+        return rows
     import multiprocessing
 
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        return pool.map(_check_pair, pairs, chunksize=1)
+        for row in pool.imap(_check_pair, pairs, chunksize=1):
+            rows.append(row)
+            progress(row)
+    return rows
 
 
 def failures(rows: Sequence[Row]) -> list[str]:
@@ -516,6 +541,8 @@ def failures(rows: Sequence[Row]) -> list[str]:
     for r in rows:
         if not r.ok:
             bad.append(f"{r.variant}@{r.target}: compile error: {r.error}")
+        elif r.target.startswith("gfx") and r.local_B:
+            bad.append(f"{r.variant}@{r.target}: {r.local_B} B scratch (spills)")
         elif r.spill_stores_B or r.spill_loads_B:
             bad.append(f"{r.variant}@{r.target}: spills {r.spill_stores_B} B stored, {r.spill_loads_B} B loaded")
     return bad
