@@ -99,10 +99,17 @@ def validate_band(divergence: str, delta: float, upper_cap: float | None, relax)
 
 
 
+def _log_one_minus(q: Tensor, one_minus_q: Tensor) -> Tensor:
+    """log(1 - q) to float64 precision for every q in [0, 1]: log1p(-q) where q is small (log of a number
+    near 1 would leave an absolute error of 1e-16, a relative one of 1e-16 / q, which at p ~ delta ~ 1e-8
+    decides the root's 8th digit), log(1 - q) from an accurate 1 - q where q is near 1."""
+    return torch.where(q < 0.5, torch.log1p(-q), torch.log(one_minus_q))
+
+
 def _bernoulli_terms(log_q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     q = torch.exp(log_q)
     one_minus_q = -torch.expm1(log_q)
-    return q, one_minus_q, torch.log(one_minus_q)
+    return q, one_minus_q, _log_one_minus(q, one_minus_q)
 
 
 def _solve_root(
@@ -179,7 +186,7 @@ def _root_table(name: str, delta: float, device: torch.device) -> Tensor:
     w = _TABLE_W_MIN + h * torch.arange(-2, cells + 3, dtype=torch.float64)
     x = -torch.exp(w)
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
-    log_one_minus_p = torch.log(one_minus_p)
+    log_one_minus_p = _log_one_minus(p, one_minus_p)
     zeros, ones = torch.zeros_like(x), torch.ones_like(x)
 
     upper_log_q = _solve_root(
@@ -292,7 +299,7 @@ def _solved_roots(div: Divergence, delta, x: Tensor, bisect_steps: int = _RUNTIM
     So both are solved in log q and log(1 - q) respectively, the variables in which g is close to
     linear as q -> 0 and q -> 1, where the roots of kl and reverse_kl crowd the edges."""
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
-    log_one_minus_p = torch.log(one_minus_p)
+    log_one_minus_p = _log_one_minus(p, one_minus_p)
     lower_log_q = _lower_log_root(div, delta, x, p, one_minus_p, log_one_minus_p, bisect_steps, newton_steps)
     upper_log_1mq = _lower_log_root(div, delta, log_one_minus_p, one_minus_p, p, x, bisect_steps, newton_steps)
     lower = torch.exp(lower_log_q - x)
@@ -304,7 +311,7 @@ def _solved_roots(div: Divergence, delta, x: Tensor, bisect_steps: int = _RUNTIM
 def _tabulated_numeric_roots(div: Divergence, delta: float, x: Tensor) -> tuple[Tensor, Tensor]:
     """kl with a float delta and float64 output: the table's guess, then Newton to float64 precision."""
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
-    log_one_minus_p = torch.log(one_minus_p)
+    log_one_minus_p = _log_one_minus(p, one_minus_p)
     zeros, ones = torch.zeros_like(x), torch.ones_like(x)
     upper_guess, lower_guess = _tabulated_roots(div, delta, x)
     upper_log_q = _solve_root(
@@ -481,7 +488,7 @@ def _start_table(name: str, device: torch.device) -> Tensor:
     else:  # the p whose lower edge value g(p, 0) is delta + e^c
         x = div.edge_inverse[1](delta + torch.exp(c))
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
-    log_one_minus_p = torch.log(one_minus_p)
+    log_one_minus_p = _log_one_minus(p, one_minus_p)
     if kind == "kl":  # solved in B = p b, as the 1-D table: log q = x - B / p is below float64's range for small p
         stored = _solve_root(
             div, delta, x, p, one_minus_p, log_one_minus_p, offset=x, scale=_table_lower_scale(p),
@@ -536,9 +543,7 @@ def _halley_lower_log_root(div: Divergence, table: KernelTable, x, p, one_minus_
     log_q, lo, hi = _start_log_root(div, table, x, p, one_minus_p, log_one_minus_p, delta, log_delta)
     second = div.bernoulli_d2g_dlogq2
     for _ in range(steps):
-        q = torch.exp(log_q)
-        one_minus_q = -torch.expm1(log_q)
-        log_one_minus_q = torch.log1p(-q)  # log(1 - q) without cancellation for small q
+        q, one_minus_q, log_one_minus_q = _bernoulli_terms(log_q)
         args = (x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q)
         d1 = div.bernoulli_dg_dlogq(*args)
         step = div.bernoulli_g(*args).sub_(delta).div_(d1)
@@ -567,7 +572,7 @@ def _per_token_roots(div: Divergence, delta: Tensor, x: Tensor) -> tuple[Tensor,
 
 def _per_token_roots_chunk(div: Divergence, table: KernelTable, delta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
     p, one_minus_p = torch.exp(x), -torch.expm1(x)
-    log_one_minus_p = torch.log(one_minus_p)
+    log_one_minus_p = _log_one_minus(p, one_minus_p)
     log_delta = torch.log(delta)
     lower_log_q = _halley_lower_log_root(div, table, x, p, one_minus_p, log_one_minus_p, delta, log_delta)
     upper_log_1mq = _halley_lower_log_root(div, table, log_one_minus_p, one_minus_p, p, x, delta, log_delta)

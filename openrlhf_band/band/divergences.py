@@ -194,8 +194,10 @@ register_divergence(
 # root's derivative blows up; so no table, always the bracketed solver.
 # ---------------------------------------------------------------------------------------------
 def _reverse_kl_g(x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q):
-    # xlogy keeps (1 - q) log(1 - q) = 0 at q = 1 instead of 0 * -inf = nan
-    return q * (log_q - x) + torch.special.xlogy(one_minus_q, one_minus_q) - one_minus_q * log_one_minus_p
+    # (1 - q) log(1 - q) from the accurate log(1 - q) (xlogy's own log of a number near 1 loses the
+    # digits of -q for small q), and 0 at q = 1 instead of 0 * -inf = nan
+    xlogx = torch.where(one_minus_q > 0, one_minus_q * log_one_minus_q, 0.0)
+    return q * (log_q - x) + xlogx - one_minus_q * log_one_minus_p
 
 
 def _reverse_kl_dg(x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q):
@@ -213,7 +215,7 @@ register_divergence(
         description="KL(pi_theta || pi_old); numeric roots, saturates at both edges",
         generator=lambda u: (u * math.log(u) if u > 0 else 0.0) - u + 1.0,
         g_at_upper_edge=lambda x, p, one_minus_p: -x,
-        g_at_lower_edge=lambda x, p, one_minus_p: -torch.log(one_minus_p),
+        g_at_lower_edge=lambda x, p, one_minus_p: -torch.log(one_minus_p),  # relative to delta: see band_bounds
         lower_at_p_one=lambda delta: 1.0,
         bernoulli_g=_reverse_kl_g,
         bernoulli_dg_dlogq=_reverse_kl_dg,

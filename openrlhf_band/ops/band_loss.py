@@ -226,7 +226,9 @@ def _band(
     elif KIND >= 6:  # kl / reverse_kl, per-token delta: start table + Halley steps, both roots as lower roots
         p = tl.exp(x)
         one_minus_p = _one_minus_exp(x)
-        log_one_minus_p = tl.log(one_minus_p)
+        # log(1 - p) accurate for small p too (Kahan), as band_bounds: at p ~ delta ~ 1e-8 it decides the root
+        _w, small_p_log = _log_one_minus(p)
+        log_one_minus_p = tl.where(p < 0.5, small_p_log, tl.log(one_minus_p))
         log_delta = tl.log(delta)
         lower_log_q = _started_lower_log_root(
             x, p, one_minus_p, log_one_minus_p, delta, log_delta, table_ptr, rows, cols,

@@ -10,8 +10,10 @@ import random
 import band_exact as X
 import pytest
 import torch
+from band_samples import whole_range_pairs
 
 from openrlhf_band import DIVERGENCES, band_bounds
+from openrlhf_band.band.bounds import PER_TOKEN_DELTA_RANGE
 
 RTOL32, RTOL64 = 2e-6, 1e-12  # as tests/band/test_bounds_accuracy.py, relative to max(exact, 1e-3)
 FLAG32, FLAG64 = 8 * torch.finfo(torch.float32).eps, 8 * torch.finfo(torch.float64).eps
@@ -97,3 +99,33 @@ def test_invalid_per_token_values_give_nan_for_their_token_only():
 def test_bad_delta_tensors_are_refused(delta, message):
     with pytest.raises(ValueError, match=message):
         band_bounds(torch.full((3,), -1.0), "kl", delta)
+
+
+@pytest.mark.parametrize("div", ["kl", "reverse_kl"])
+@pytest.mark.parametrize(
+    "dtype, rtol, flag, tiny", [(torch.float32, RTOL32, FLAG32, TINY32), (torch.float64, RTOL64, FLAG64, TINY64)],
+    ids=["fp32", "fp64"],
+)  # fmt: skip
+def test_per_token_delta_over_the_whole_range_against_the_oracle(div, dtype, rtol, flag, tiny):
+    """The start table and two Halley steps are exact over PER_TOKEN_DELTA_RANGE, radii near 1e-8
+    and p near reverse_kl's saturation edges included (where the bracketed solver lost 0.3%)."""
+    pairs = whole_range_pairs(160, seed=11 + (div == "kl"))
+    x = torch.tensor([lp for lp, _ in pairs], dtype=dtype)
+    delta = torch.tensor([d for _, d in pairs], dtype=dtype)
+    delta = delta.clamp(PER_TOKEN_DELTA_RANGE[0], PER_TOKEN_DELTA_RANGE[1])
+    lower, upper = band_bounds(x, div, delta)
+    fails = check(div, x.tolist(), delta.tolist(), lower.tolist(), upper.tolist(), rtol, flag, tiny)
+    assert not fails, "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("div", DIVERGENCES)
+def test_radii_outside_the_per_token_range(div):
+    """kl / reverse_kl: nan bounds just outside [1e-8, 10] (finite at its ends); closed forms: any radius."""
+    low, high = PER_TOKEN_DELTA_RANGE
+    delta = torch.tensor([low, high, low * (1 - 1e-6), high * (1 + 1e-6), 1e-12, 100.0], dtype=torch.float64)
+    lower, upper = band_bounds(torch.full((6,), math.log(0.3), dtype=torch.float64), div, delta)
+    assert torch.isfinite(lower[:2]).all() and torch.isfinite(upper[:2]).all()
+    if div in ("kl", "reverse_kl"):
+        assert torch.isnan(lower[2:]).all() and torch.isnan(upper[2:]).all()
+    else:
+        assert torch.isfinite(lower).all() and torch.isfinite(upper).all()

@@ -828,3 +828,30 @@ def test_kl_bound_that_rounds_to_the_edge_is_the_edge(delta, per_token, backend)
     # q > 1 (an invalid new log-prob, one float32 step above 0) is clipped there
     above = band_token_loss(torch.full_like(old, 1e-6), old, adv, divergence="kl", delta=delta_arg, backend=backend)
     assert above.clipped_upper[on_edge].all()
+
+
+@pytest.mark.parametrize("divergence", ["kl", "reverse_kl"])
+def test_kernel_per_token_band_over_the_whole_radius_range(divergence):
+    """The kernel's start table and Halley steps over PER_TOKEN_DELTA_RANGE ([1e-8, 10]) against the
+    60-digit roots, p near reverse_kl's saturation edges included; just outside the range: nan."""
+    import band_exact as X
+    from band_samples import whole_range_pairs
+
+    from openrlhf_band.band.bounds import PER_TOKEN_DELTA_RANGE
+
+    pairs = whole_range_pairs(160, seed=11 + (divergence == "kl"))
+    old = torch.tensor([lp for lp, _ in pairs])
+    deltas = torch.tensor([d for _, d in pairs]).clamp(*PER_TOKEN_DELTA_RANGE)
+    out = band_token_loss(old.clone(), old, torch.zeros_like(old), divergence=divergence, delta=deltas,
+                          backend="triton", return_bounds=True)  # fmt: skip
+    fails = X.check_against_oracle
+    failures = []
+    for i, log_p in enumerate(old.tolist()):
+        failures += fails(divergence, float(deltas[i]), [log_p], [float(out.lower[i])], [float(out.upper[i])],
+                          rtol=2e-6, flag_rtol=8 * torch.finfo(torch.float32).eps,
+                          tiny=torch.finfo(torch.float32).tiny, tie_rtol=1e-9)  # fmt: skip
+    assert not failures, "\n".join(failures[:10])
+    outside = torch.tensor([PER_TOKEN_DELTA_RANGE[0] * 0.99, PER_TOKEN_DELTA_RANGE[1] * 1.01])
+    out = band_token_loss(old[:2].clone(), old[:2], torch.ones(2), divergence=divergence, delta=outside,
+                          backend="triton", return_bounds=True)  # fmt: skip
+    assert torch.isnan(out.lower).all() and torch.isnan(out.upper).all()
