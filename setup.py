@@ -1,5 +1,7 @@
 from setuptools import find_packages, setup
 
+TRITON_RANGE = "triton>=3.6,<3.10"
+
 setup(
     name="openrlhf-band",
     version="0.1.0",
@@ -11,6 +13,14 @@ setup(
     # torch is deliberately unpinned here: GPU images bring their own build. The CPU
     # development environment is pinned in requirements/cpu-lock.txt.
     install_requires=["torch", "numpy"],
-    extras_require={"plot": ["matplotlib"], "test": ["pytest", "hypothesis", "mpmath"]},
+    # triton comes with CUDA builds of torch; the fused kernel compiles, with no spills on sm_80-sm_120,
+    # under triton 3.6.0, 3.7.1 (pinned for CPU work) and 3.9.0, the newest release when this was
+    # checked (`bash bench/aot_versions.sh`; bench/results/aot_triton-*.csv). Outside the range
+    # backend="auto" falls back to the torch reference with one warning if the kernel fails to build.
+    extras_require={
+        "plot": ["matplotlib"],
+        "test": ["pytest", "hypothesis", "mpmath"],
+        "kernel": [TRITON_RANGE],
+    },
     entry_points={"console_scripts": ["openrlhf-band=openrlhf_band.tools.cli:main"]},
 )

@@ -251,18 +251,19 @@ def _tabulated_roots(div: Divergence, delta: float, x: Tensor) -> tuple[Tensor, 
 _CHUNK = 65536
 
 
-def _tabulated_bounds_float32(div: Divergence, delta: float, old_log_probs: Tensor) -> tuple[Tensor, Tensor]:
+def _tabulated_bounds_float32(div: Divergence, delta: float, old_log_probs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The float32-output fast path of a tabulated divergence: lookup and cubic, no iterations.
 
     Takes the 1-D input as given (any float dtype); works in float64 chunk by chunk. p = 1 (x = 0)
     and p = 0 (x = -inf) come out of the table's end cells as their limits to within float32
-    rounding, so no special cases are needed; nan stays nan.
+    rounding, so no special cases are needed; nan stays nan. Returns (lower, upper, upper at the edge).
     """
     table = _root_table(div.name, delta, old_log_probs.device)
     cells = table.shape[1]
     n = old_log_probs.numel()
     lower = torch.empty(n, dtype=torch.float32, device=old_log_probs.device)
     upper = torch.empty_like(lower)
+    at_edge = torch.empty(n, dtype=torch.bool, device=old_log_probs.device)
     work = torch.empty((4, min(n, _CHUNK)), dtype=torch.float64, device=old_log_probs.device)
     cell_buffer = torch.empty(min(n, _CHUNK), dtype=torch.int32, device=old_log_probs.device)
     for start in range(0, n, _CHUNK):
@@ -276,8 +277,11 @@ def _tabulated_bounds_float32(div: Divergence, delta: float, old_log_probs: Tens
         t.sub_(cell)
         upper[start:stop] = _horner(table, 0, cell, t, value, scratch).sub_(x).exp_()  # q_up / p
         lower_b = _horner(table, 4, cell, t, value, scratch)
-        lower[start:stop] = lower_b.mul_(torch.neg(x, out=scratch).exp_()).neg_().exp_()  # exp(-B / p)
-    return lower, upper
+        inv_p = torch.neg(x, out=scratch).exp_()
+        # the edge rule (`_rounds_to_edge`), here where the chunk's 1/p is at hand in float64
+        torch.ge(upper[start:stop], inv_p.to(torch.float32), out=at_edge[start:stop])
+        lower[start:stop] = lower_b.mul_(inv_p).neg_().exp_()  # exp(-B / p)
+    return lower, upper, at_edge | (old_log_probs >= 0)
 
 
 def _lower_log_root(div: Divergence, delta, x: Tensor, p: Tensor, one_minus_p: Tensor, log_one_minus_p: Tensor,
@@ -665,8 +669,8 @@ def band_bounds_with_edge(
     flat = old_log_probs.detach().reshape(-1)
 
     if not per_token and out_dtype == torch.float32 and div.tabulate:
-        lower, upper = _tabulated_bounds_float32(div, delta, flat)
-        return _relax_and_cap(lower, upper, _rounds_to_edge(upper, flat) | (flat >= 0), relax, upper_cap, shape)
+        lower, upper, at_edge = _tabulated_bounds_float32(div, delta, flat)
+        return _relax_and_cap(lower, upper, at_edge, relax, upper_cap, shape)
     if not per_token and out_dtype == torch.float32 and div.edge_inverse is not None:
         lower, upper, at_edge = _edge_table_bounds_float32(div, delta, flat)
         return _relax_and_cap(lower, upper, at_edge | _rounds_to_edge(upper, flat), relax, upper_cap, shape)

@@ -85,22 +85,24 @@ _IN_KERNEL_TABLES = {"kl": BOUNDS_KL_TABLE, "reverse_kl": BOUNDS_EDGE_TABLE}
 # 1024 elements per program: enough independent loads in flight to saturate HBM on a GPU, and few
 # launches' worth of Python overhead for the CPU interpreter (~20 ms per program there).
 _BLOCK = 1024
-# Warps per program, from the ahead-of-time resource table (`openrlhf-band aot`, sm_80 / sm_90, triton
-# 3.7.1; bench/results/aot_triton-*.csv). An H200 SM must keep ~25 KB of loads in flight to stream at
-# its share of 4.8 TB/s (~18 B per cycle x ~1,400 cycles of latency); a forward token loads 13-17 B.
-# * memory-bound forwards (closed forms, scalar tables, given bounds): 8 warps, 4 tokens per thread:
-#   64-126 registers, 2-4 blocks of 256 threads per SM, 2,048-4,096 tokens (~30-60 KB) in flight. With
-#   4 warps (8 tokens per thread) the same code took 166-255 registers (2 blocks per SM), with 16 warps
-#   54-64 registers but still 2 blocks (1,024-thread cap of 2,048 threads per SM): no more in flight.
-# * per-token kl / reverse_kl solves (~900 float64 instructions per token: compute-bound, ~6x the
-#   memory time on an H200 by the roofline in docs/kernel.md): 16 warps, 2 tokens per thread: 118-122
-#   registers, no spills, one block of 512 threads per SM. With 8 warps they took 218-234 registers
-#   (one block of 256 threads, half the warps to hide float64 latency), with 32 warps the compiler's
-#   64-register cap spilled.
-# * backward (a streaming multiply, 12 B per token): 4 warps, 8 tokens per thread, 54-56 registers.
+# Warps per program, from the ahead-of-time resource table (`openrlhf-band aot`, sm_80-sm_120, triton
+# 3.6.0 / 3.7.1 / 3.9.0; bench/results/aot_triton-*.csv and docs/kernel.md). An H200 SM must keep ~25 KB
+# of loads in flight to stream at its share of 4.8 TB/s (~18 B per cycle x ~1,400 cycles of latency);
+# a forward token loads 13-17 B, so ~1,500-2,000 tokens per SM.
+# * every forward: 16 warps, 2 tokens per thread. Memory-bound variants (closed forms, scalar tables,
+#   given bounds) take 38-64 registers at sm_90, 2-3 blocks of 512 threads per SM: 2,048-3,072 tokens
+#   (~30-45 KB) in flight. At 8 warps (4 tokens per thread) they took 64-128 registers for the same
+#   2-4 blocks of 256 threads, and ptxas spilled 4 B at sm_120 (Triton passes --regAllocOptLevel=2,
+#   a ptxas workaround): hellinger with triton 3.7.1, kl with bf16 inputs with 3.9.0. At 4 warps
+#   (8 tokens per thread) 166-255 registers, and the per-token solves spilled ~600 B.
+# * the per-token kl / reverse_kl solves (~900-1,000 float64 instructions per token, compute-bound:
+#   ~5x their memory time on an H200 by docs/kernel.md's roofline) at 16 warps: 118-122 registers,
+#   no spills, one block of 512 threads per SM. At 8 warps they took 218-234 registers (one block
+#   of 256 threads: half the warps to hide float64 latency), at 32 warps the 64-register cap spilled.
+# * backward (a streaming multiply, 12 B per token): 4 warps, 8 tokens per thread, 54-56 registers,
+#   9 blocks per SM.
 # The CPU interpreter ignores warps; its cost is per program, hence one BLOCK for all.
-_FORWARD_WARPS = 8
-_SOLVE_WARPS = 16
+_FORWARD_WARPS = 16
 _BACKWARD_WARPS = 4
 
 
@@ -394,10 +396,6 @@ def _band_loss_bwd_kernel(grad_out_ptr, coef_ptr, grad_in_ptr, n_elements, s0, s
     tl.store(grad_in_ptr + offs, grad.to(grad_in_ptr.dtype.element_ty), mask=in_range)
 
 
-def _forward_warps(kind: int) -> int:
-    return _SOLVE_WARPS if kind in (BOUNDS_KL_SOLVE, BOUNDS_REVERSE_KL_SOLVE) else _FORWARD_WARPS
-
-
 def _as_2d(t: Tensor, shape: torch.Size) -> Tensor:
     """A (B, T) view of t (1-D tensors become (1, T)); strides are passed to the kernel."""
     return t.reshape(shape) if t.dim() != 2 else t
@@ -513,7 +511,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
             float(dual_clip) if dual_clip is not None else 0.0,
             KIND=kind, HAS_MASK=action_mask is not None, HAS_CAP=upper_cap is not None,
             HAS_RELAX=relax is not None, HAS_DUAL=dual_clip is not None, STORE_BOUNDS=return_bounds,
-            STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK, num_warps=_forward_warps(kind),
+            STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK, num_warps=_FORWARD_WARPS,
         )  # fmt: skip
     shape = log_probs.shape
     bounds = (out_lo.reshape(shape), out_hi.reshape(shape)) if return_bounds else (None, None)
