@@ -30,9 +30,10 @@ plus backward, i.e. ~7 ns per 1,000 tokens):
   `PER_TOKEN_DELTA_RANGE` (~300-400 KiB, L2-resident; four 4-byte gathers per root), then two Halley
   steps in float64 (both roots as lower roots: the upper root's 1 - q is the lower root of the
   mirrored pair), the same table and steps as `band_bounds`. Measured from the compiled code (sm_90):
-  ~900 float64 SASS instructions per token (the bisection + Newton solver it replaced: ~6,300),
-  118-122 registers at 2 tokens per thread, no spills, ~1.5 s to compile. Compute-bound on a GPU
-  (docs/kernel.md has the roofline estimate; not measured: no GPU was lent).
+  ~910-980 float64 SASS instructions per token (the bisection + Newton solver it replaced: ~6,300),
+  118-122 registers at 2 tokens per thread, no spills, ~1-1.5 s to compile (it was 255 registers,
+  ~600 B of spills and 40-110 s). Compute-bound on a GPU (docs/kernel.md has the roofline
+  estimate; not measured: no GPU was lent).
 * Any other registered divergence: bounds precomputed by `band_bounds` and read (8 B/token more).
 
 Exact clip decisions at the simplex edge: where hi is the edge 1/p itself (a saturated bound, or
@@ -89,12 +90,13 @@ _BLOCK = 1024
 # 3.6.0 / 3.7.1 / 3.9.0; bench/results/aot_triton-*.csv and docs/kernel.md). An H200 SM must keep ~25 KB
 # of loads in flight to stream at its share of 4.8 TB/s (~18 B per cycle x ~1,400 cycles of latency);
 # a forward token loads 13-17 B, so ~1,500-2,000 tokens per SM.
-# * every forward: 16 warps, 2 tokens per thread. Memory-bound variants (closed forms, scalar tables,
-#   given bounds) take 38-64 registers at sm_90, 2-3 blocks of 512 threads per SM: 2,048-3,072 tokens
-#   (~30-45 KB) in flight. At 8 warps (4 tokens per thread) they took 64-128 registers for the same
-#   2-4 blocks of 256 threads, and ptxas spilled 4 B at sm_120 (Triton passes --regAllocOptLevel=2,
-#   a ptxas workaround): hellinger with triton 3.7.1, kl with bf16 inputs with 3.9.0. At 4 warps
-#   (8 tokens per thread) 166-255 registers, and the per-token solves spilled ~600 B.
+# * memory-bound forwards: 16 warps (2 tokens per thread, 38-64 registers at sm_90, 2-3 blocks of 512
+#   threads per SM: 2,048-3,072 tokens, ~30-45 KB in flight) or 8 warps (4 tokens per thread, 64-128
+#   registers, 2-4 blocks of 256 threads: as many tokens in flight). Either streams; what decides is
+#   where ptxas spills a register or two: at 8 warps 4 B at sm_120 for hellinger (triton 3.7.1) and kl
+#   with bf16 inputs (3.9.0), at 16 warps 8 B at sm_100 for tv with every option and reverse_kl's
+#   table with bf16 inputs (3.6.0). So tv and reverse_kl's table take 8 warps, the rest 16: no spill
+#   on any target under any of the three. (At 4 warps, 8 tokens per thread: 166-255 registers.)
 # * the per-token kl / reverse_kl solves (~900-1,000 float64 instructions per token, compute-bound:
 #   ~5x their memory time on an H200 by docs/kernel.md's roofline) at 16 warps: 118-122 registers,
 #   no spills, one block of 512 threads per SM. At 8 warps they took 218-234 registers (one block
@@ -103,6 +105,7 @@ _BLOCK = 1024
 #   9 blocks per SM.
 # The CPU interpreter ignores warps; its cost is per program, hence one BLOCK for all.
 _FORWARD_WARPS = 16
+_EIGHT_WARP_KINDS = (BOUNDS_TV, BOUNDS_EDGE_TABLE)
 _BACKWARD_WARPS = 4
 
 
@@ -511,7 +514,8 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
             float(dual_clip) if dual_clip is not None else 0.0,
             KIND=kind, HAS_MASK=action_mask is not None, HAS_CAP=upper_cap is not None,
             HAS_RELAX=relax is not None, HAS_DUAL=dual_clip is not None, STORE_BOUNDS=return_bounds,
-            STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK, num_warps=_FORWARD_WARPS,
+            STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
+            num_warps=8 if kind in _EIGHT_WARP_KINDS else _FORWARD_WARPS,
         )  # fmt: skip
     shape = log_probs.shape
     bounds = (out_lo.reshape(shape), out_hi.reshape(shape)) if return_bounds else (None, None)

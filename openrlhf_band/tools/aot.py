@@ -29,7 +29,9 @@ Resources per (variant, target), all from the compiled cubin and ptxas' own `-v`
 * blocks_per_sm: occupancy from registers (allocated per warp in units of 256, over 4 SM
   sub-partitions), shared memory (+1 KiB the CUDA runtime reserves per block, 128-byte granularity),
   threads and resident blocks per SM, with the per-arch limits in `ARCH_LIMITS`.
-* compile_s: wall seconds of `triton.compile` (Triton's cache is bypassed, TRITON_ALWAYS_COMPILE).
+* compile_s: wall seconds of `triton.compile` (Triton's cache is bypassed, TRITON_ALWAYS_COMPILE),
+  after one untimed warm-up compile: a process's first compile also loads Triton's compiler
+  libraries, which took 13 s in a fresh venv once (the kernel itself compiles in ~1 s).
 * AMD targets (`--targets gfx942 gfx90a`): registers = VGPRs (TotalNumVgprs), local_B = ScratchSize
   (a non-zero scratch counts as a spill), f64/f32 per token = static `v_*f64*` / other `v_*f32*` VALU
   instructions of the amdgcn listing / elems_per_thread (wavefront 64); no occupancy (0).
@@ -508,6 +510,12 @@ def select_variants(patterns: Sequence[str] | None) -> list[Variant]:
     return chosen
 
 
+def _warm_up(target: str) -> None:
+    """One untimed compile (the small backward kernel): a process's first compile also loads Triton's
+    compiler, which took 13 s once in a fresh venv and would be charged to the first variant."""
+    check_one(next(v for v in variants() if v.kernel == "bwd"), target)
+
+
 def _check_pair(pair: tuple[Variant, str]) -> Row:
     return check_one(*pair)
 
@@ -521,14 +529,19 @@ def run_check(targets: Sequence[str | int], patterns: Sequence[str] | None = Non
         state = "ok" if row.ok else "ERROR"
         print(f"[{len(rows)}/{len(pairs)}] {row.variant}@{row.target} {state} {row.compile_s} s", file=sys.stderr)
 
+    if not pairs:
+        return rows
     if jobs <= 1:
+        _warm_up(pairs[0][1])
         for pair in pairs:
             rows.append(_check_pair(pair))
             progress(rows[-1])
         return rows
     import multiprocessing
 
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    # the warm-up runs in each worker, after the fork: a parent that compiled first would fork Triton's
+    # threads into the workers and deadlock them
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_warm_up, initargs=(pairs[0][1],)) as pool:
         for row in pool.imap(_check_pair, pairs, chunksize=1):
             rows.append(row)
             progress(row)
