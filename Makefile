@@ -59,7 +59,7 @@ unit: $(STAMP)
 e2e: $(STAMP) $(E2E_STAMP)
 	$(PY) -m pytest tests/e2e
 
-SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh openrlhf_band/integration/patches/regenerate.sh .ci/run tests/e2e/*.sh
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/integration/patches/regenerate.sh .ci/run tests/e2e/*.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench
