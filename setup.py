@@ -15,7 +15,7 @@ setup(
     install_requires=["torch", "numpy"],
     # triton comes with CUDA builds of torch; the fused kernel compiles, with no spills on sm_80-sm_120,
     # under triton 3.6.0, 3.7.1 (pinned for CPU work) and 3.9.0, the newest release when this was
-    # checked (`bash bench/aot_versions.sh`; bench/results/aot_triton-*.csv). Outside the range
+    # checked (`bash bench/aot_versions.sh`; bench/results/aot_triton-*.csv); 3.8.x was not compiled. Outside the range
     # backend="auto" falls back to the torch reference with one warning if the kernel fails to build.
     extras_require={
         "plot": ["matplotlib"],

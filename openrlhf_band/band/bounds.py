@@ -6,9 +6,8 @@ cancel, e.g. 1 - sqrt(...) near the lower saturation edge) and runs as a fixed s
 vectorised tensor ops: no `.item()`, no data-dependent loop exit, no host synchronisation.
 
 Numeric roots (divergences without a closed form) are found in the variable l = log q, where
-q = r p is the new probability of the token, by Newton steps kept inside a bracket that they
-tighten as they go (rtsafe: a step that would leave the bracket becomes a bisection step). Two
-strategies:
+q = r p is the new probability of the token, by Newton (or Halley) steps kept inside a bracket.
+The strategies:
 
 * tabulated (kl): both roots are smooth, bounded functions of w = log(-log p) once written as
   A(w) = log q_up and B(w) = p log(1 / r_low). Per (divergence, delta, device) we solve them once
@@ -413,7 +412,7 @@ def _edge_table_bounds_float32(div: Divergence, delta: float, old_log_probs: Ten
 # (reverse_kl), where the root is not smooth in p. Stored: log(p b) for kl (bounded as p -> 0, where
 # b ~ delta / p) and log b for reverse_kl (b is bounded below by the saturation edge p > 1 - e^-delta).
 #: Per-token radii the kl and reverse_kl solvers are exact for (the 2-D start table's delta range).
-PER_TOKEN_DELTA_RANGE = (9.99999993922529e-09, 10.0)  # 1e-8 as float32 has it: the kernel compares in float32
+PER_TOKEN_DELTA_RANGE = (9.99999993922529e-09, 10.0)  # 1e-8 as float32 has it: the kernel gets its limits as float32
 _START_C_RANGE = {"kl": (-22.0, 6.55), "edge": (-30.0, 6.5)}  # kl: p in [e^-700, 1 - 2.8e-10]
 _START_C_CELLS_PER_UNIT = 16
 _START_S_CELLS_PER_UNIT = 8
@@ -551,8 +550,10 @@ def _halley_lower_log_root(div: Divergence, table: KernelTable, x, p, one_minus_
         args = (x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q)
         d1 = div.bernoulli_dg_dlogq(*args)
         step = div.bernoulli_g(*args).sub_(delta).div_(d1)
-        if second is not None:  # Halley: the Newton step over 1 - f f'' / (2 f'^2) (kept >= 1/2 far from the root)
-            step = step.div_(second(*args).div_(d1).mul_(step).mul_(-0.5).add_(1.0).clamp_(min=0.5))
+        if second is not None:  # Halley: the Newton step over 1 - f f'' / (2 f'^2), kept >= 1/2 far from the root
+            # (and where it is nan: an infinite Newton step, p below ~1e-308, times f'' = 0 at q = 0)
+            divisor = second(*args).div_(d1).mul_(step).mul_(-0.5).add_(1.0)
+            step = step.div_(torch.where(divisor >= 0.5, divisor, 0.5))
         log_q = torch.minimum(torch.maximum(log_q.sub_(step), lo, out=step), hi, out=log_q)
     return log_q
 

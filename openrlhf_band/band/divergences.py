@@ -191,7 +191,7 @@ register_divergence(
 # ---------------------------------------------------------------------------------------------
 # reverse_kl: KL(pi_theta || pi_old), f(u) = u log u - u + 1; Bernoulli KL(q || p).
 # Saturates at both edges (upper when p >= exp(-delta), lower when p <= 1 - exp(-delta)), where the
-# root's derivative blows up; so no table, always the bracketed solver.
+# root's derivative blows up in p: its tables are over the log-distance to each edge instead.
 # ---------------------------------------------------------------------------------------------
 def _reverse_kl_g(x, p, one_minus_p, log_one_minus_p, log_q, q, one_minus_q, log_one_minus_q):
     # (1 - q) log(1 - q) from the accurate log(1 - q) (xlogy's own log of a number near 1 loses the

@@ -53,8 +53,8 @@ where the log-ratio clamp is active, so masked positions get exactly 0 whatever 
 All loads are upcast (float32, float64 for the radius); offsets are int64 (more than 2^31 tokens
 are safe); (B, T) inputs are read through their strides (no copies for non-contiguous views);
 per-sequence advantages and radii are read with a zero column stride, a scalar radius with zero
-strides. A per-token radius that is <= 0, nan or inf gives nan bounds for its token (masked
-tokens load 1 and stay exactly 0).
+strides. A per-token radius that is <= 0, nan or inf, or for kl / reverse_kl outside
+PER_TOKEN_DELTA_RANGE, gives nan bounds for its token (masked tokens load 0.05 and stay exactly 0).
 """
 
 from __future__ import annotations
@@ -91,14 +91,15 @@ _BLOCK = 1024
 # of loads in flight to stream at its share of 4.8 TB/s (~18 B per cycle x ~1,400 cycles of latency);
 # a forward token loads 13-17 B, so ~1,500-2,000 tokens per SM.
 # * memory-bound forwards: 16 warps (2 tokens per thread, 38-64 registers at sm_90, 2-3 blocks of 512
-#   threads per SM: 2,048-3,072 tokens, ~30-45 KB in flight) or 8 warps (4 tokens per thread, 64-128
-#   registers, 2-4 blocks of 256 threads: as many tokens in flight). Either streams; what decides is
+#   threads per SM: 2,048-3,072 tokens, ~30-45 KB in flight; hellinger 71-77 registers, one block)
+#   or 8 warps (4 tokens per thread, 64-128 registers, 2-4 blocks of 256 threads: as many tokens in
+#   flight). Either streams; what decides is
 #   where ptxas spills a register or two: at 8 warps 4 B at sm_120 for hellinger (triton 3.7.1) and kl
 #   with bf16 inputs (3.9.0), at 16 warps 8 B at sm_100 for tv with every option and reverse_kl's
 #   table with bf16 inputs (3.6.0). So tv and reverse_kl's table take 8 warps, the rest 16: no spill
 #   on any target under any of the three. (At 4 warps, 8 tokens per thread: 166-255 registers.)
 # * the per-token kl / reverse_kl solves (~900-1,000 float64 instructions per token, compute-bound:
-#   ~5x their memory time on an H200 by docs/kernel.md's roofline) at 16 warps: 118-122 registers,
+#   6-7x their memory time on an H200 by docs/kernel.md's roofline) at 16 warps: 118-122 registers,
 #   no spills, one block of 512 threads per SM. At 8 warps they took 218-234 registers (one block
 #   of 256 threads: half the warps to hide float64 latency), at 32 warps the 64-register cap spilled.
 # * backward (a streaming multiply, 12 B per token): 4 warps, 8 tokens per thread, 54-56 registers,
@@ -180,7 +181,7 @@ def _started_lower_log_root(
         b = b / p
     b = tl.minimum(b, 1e300)  # b ~ delta / p overflows for p < ~1e-300; any b that large gives q = 0
     log_q = x - b
-    lo = x - 2.0 * b
+    lo = x - 2.0 * b  # the bracket [b0 / 2, 2 b0] of band.bounds._START_BRACKET
     hi = x - 0.5 * b
     for _ in tl.static_range(STEPS):
         q = tl.exp(log_q)
@@ -195,8 +196,10 @@ def _started_lower_log_root(
             d1 = (q - p) / one_minus_q
             d2 = q * one_minus_p / (one_minus_q * one_minus_q)
         step = f / d1
-        # Halley: the Newton step over 1 - f f'' / (2 f'^2), the divisor kept >= 1/2 far from the root
-        step = step / tl.maximum(1.0 - 0.5 * step * d2 / d1, 0.5)
+        # Halley: the Newton step over 1 - f f'' / (2 f'^2), the divisor kept >= 1/2 far from the root and
+        # where it is nan (an infinite Newton step, p below ~1e-308, times f'' = 0 at q = 0), as band_bounds
+        divisor = 1.0 - 0.5 * step * d2 / d1
+        step = step / tl.where(divisor >= 0.5, divisor, 0.5)
         log_q = tl.minimum(tl.maximum(log_q - step, lo), hi)
     return log_q
 

@@ -158,3 +158,6 @@ def test_aot_compiles_every_variant_for_sm80_and_sm90_without_spills(tmp_path):
     assert {r["target"] for r in rows} == {"80", "90"} and len(rows) >= 2 * 39
     bad = [line for line in proc.stderr.splitlines() if line.startswith("FAIL")]
     assert proc.returncode == 0 and not bad, "\n".join(bad) + "\n" + proc.stdout[-4000:]
+    # the goal: every variant compiles within 10 s per target here (measured at most ~3.6 s)
+    slow = [f"{r['variant']}@{r['target']}: {r['compile_s']} s" for r in rows if r["compile_s"] > 10.0]
+    assert not slow, slow

@@ -855,3 +855,19 @@ def test_kernel_per_token_band_over_the_whole_radius_range(divergence):
     out = band_token_loss(old[:2].clone(), old[:2], torch.ones(2), divergence=divergence, delta=outside,
                           backend="triton", return_bounds=True)  # fmt: skip
     assert torch.isnan(out.lower).all() and torch.isnan(out.upper).all()
+
+
+@pytest.mark.parametrize("divergence", ["kl", "reverse_kl"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_per_token_band_for_log_probs_below_float64_range(divergence, backend):
+    """A float32 log-prob of -720 (p below the smallest normal float64, b = delta / p overflows):
+    the lower bound is 0 and the upper bound finite on both backends, not nan (a Halley step of
+    inf times f'' = 0 once gave nan on the torch path)."""
+    old = torch.tensor([-720.0, -740.0, -80.0, -0.5])
+    delta = torch.tensor([0.05, 10.0, 1e-8, 0.05])
+    out = band_token_loss(old.clone(), old, torch.ones(4), divergence=divergence, delta=delta, backend=backend,
+                          return_bounds=True)  # fmt: skip
+    assert torch.isfinite(out.lower).all() and torch.isfinite(out.loss).all(), (out.lower, out.upper)
+    assert (out.lower[:2] == 0).all()
+    want_lower, want_upper = band_bounds(old.double(), divergence, delta.double())
+    assert torch.isfinite(want_lower).all(), want_lower
