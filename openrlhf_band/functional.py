@@ -23,7 +23,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import is_real_number, validate_band
+from openrlhf_band.band.bounds import is_positive_finite_number, is_real_number, validate_band
 from openrlhf_band.ops.reference import BandTokenLoss, band_token_loss_reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -69,6 +69,9 @@ def _kernel_variant(
     dual_clip: float | None,
     return_bounds: bool,
     bounds: tuple[Tensor, Tensor] | None,
+    lower_floor: float | None = None,
+    lower_delta: float | None = None,
+    ratio_truncation: float | None = None,
 ) -> tuple:
     """What one compilation of the kernel depends on: the device, the dtypes of the tensors it
     reads, how the band is obtained and which optional features are on (its constexprs). A failure
@@ -85,6 +88,9 @@ def _kernel_variant(
         relax is not None,
         dual_clip is not None,
         bool(return_bounds),
+        lower_floor is not None,
+        lower_delta is not None,
+        ratio_truncation is not None,
     )
 
 
@@ -218,6 +224,9 @@ def band_token_loss(
     backend: str = "auto",
     return_bounds: bool = False,
     bounds: tuple[Tensor | float, Tensor | float] | None = None,
+    lower_floor: float | None = None,
+    lower_delta: float | None = None,
+    ratio_truncation: float | None = None,
 ) -> BandTokenLoss:
     """Per-token Band surrogate -min(r A, clip(r, r_low(p), r_up(p)) A), dual-clipped when asked.
 
@@ -250,6 +259,14 @@ def band_token_loss(
             instead of the band, as given (no cap or relax): e.g. a fixed clip interval, or a
             probability-dependent rule computed by the caller. lower > upper at an unmasked token
             raises ValueError (masked tokens may hold anything); this check syncs with the device.
+        lower_floor: F in (0, 1): every lower bound becomes max(lower, F), after relax (the order of
+            `band_bounds`), also for given `bounds` (the one option that applies to them: it is how
+            DCPO's rule takes the floor). Tokens clipped only because of it are flagged in
+            `floor_clipped`.
+        lower_delta: the lower root's radius when it differs from `delta` (asymmetric radii, as
+            DPPO's); a number, with a number `delta`.
+        ratio_truncation: c > 0: an unclipped token's gradient is -min(r, c) A instead of -r A
+            (DPPO's truncated importance weight; verl's clip_ratio_c); the loss value is unchanged.
 
     Returns:
         `BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, lower, upper)`: per-token
@@ -267,13 +284,18 @@ def band_token_loss(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     # on both backends, also when `bounds` replace the band
+    band_options = dict(lower_floor=lower_floor, lower_delta=lower_delta)
     if isinstance(delta, Tensor):
-        validate_band(divergence, 1.0, upper_cap, relax)
+        validate_band(divergence, 1.0, upper_cap, relax, **band_options)
+        if lower_delta is not None:
+            raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
         delta = _delta_view(delta, log_probs)
     else:
-        validate_band(divergence, delta, upper_cap, relax)
+        validate_band(divergence, delta, upper_cap, relax, **band_options)
     if dual_clip is not None and not (is_real_number(dual_clip) and dual_clip > 1.0):
         raise ValueError(f"dual_clip must be > 1 (OpenRLHF's rule), got {dual_clip!r}")
+    if ratio_truncation is not None and not is_positive_finite_number(ratio_truncation):
+        raise ValueError(f"ratio_truncation must be a positive finite number (DPPO's c), got {ratio_truncation!r}")
     if old_log_probs.shape != log_probs.shape:
         raise ValueError(
             f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
@@ -296,7 +318,8 @@ def band_token_loss(
     args = (log_probs, old_log_probs, advantages, action_mask)
     options = dict(
         divergence=divergence, delta=delta, upper_cap=upper_cap, relax=relax, dual_clip=dual_clip,
-        return_bounds=return_bounds, bounds=bounds,
+        return_bounds=return_bounds, bounds=bounds, lower_floor=lower_floor, lower_delta=lower_delta,
+        ratio_truncation=ratio_truncation,
     )  # fmt: skip
     if use_triton:
         if not _triton_usable(log_probs.device):

@@ -72,11 +72,24 @@ def is_positive_finite_number(value) -> bool:
     return is_real_number(value) and math.isfinite(value) and value > 0
 
 
-def validate_band(divergence: str, delta: float, upper_cap: float | None, relax) -> tuple[Divergence, float]:
+def validate_band(
+    divergence: str,
+    delta: float,
+    upper_cap: float | None,
+    relax,
+    *,
+    lower_floor: float | None = None,
+    lower_delta: float | None = None,
+) -> tuple[Divergence, float]:
     """The band's options checked once for every caller: (the divergence, delta as a float), or a
-    ValueError that says what is wrong (unknown divergence, delta not a positive finite number, a cap
-    below 1, a relax that is not a pair of finite numbers >= 0 with eps_low <= 1)."""
+    ValueError that says what is wrong (unknown divergence, delta or lower_delta not a positive
+    finite number, a cap below 1, a relax that is not a pair of finite numbers >= 0 with
+    eps_low <= 1, a lower floor that is not a number strictly between 0 and 1)."""
     div = get_divergence(divergence)
+    if lower_floor is not None:
+        validate_lower_floor(lower_floor)
+    if lower_delta is not None and not is_positive_finite_number(lower_delta):
+        raise ValueError(f"lower_delta must be a positive finite number (the lower root's radius), got {lower_delta!r}")
     if not is_real_number(delta):
         raise ValueError(f"delta must be a positive finite number, got {delta!r}")
     delta = float(delta)
@@ -96,6 +109,17 @@ def validate_band(divergence: str, delta: float, upper_cap: float | None, relax)
             )
     return div, delta
 
+
+
+def validate_lower_floor(lower_floor) -> float:
+    """lower_floor as a float, or a ValueError unless it is a real number with 0 < F < 1 (a floor of
+    0 is no floor, one of 1 or more would forbid every fall of a token's probability)."""
+    if not is_real_number(lower_floor) or math.isnan(lower_floor) or not 0.0 < lower_floor < 1.0:
+        raise ValueError(
+            f"lower_floor must be a number strictly between 0 and 1 (each token's lower ratio bound becomes "
+            f"max(r_low, lower_floor)), got {lower_floor!r}"
+        )
+    return float(lower_floor)
 
 
 def _log_one_minus(q: Tensor, one_minus_q: Tensor) -> Tensor:
@@ -439,16 +463,31 @@ class KernelTable:
     log_delta_cells_per_unit: float = 0.0
 
 
-def scalar_delta_table(divergence: str, delta: float, device: torch.device) -> KernelTable | None:
+def scalar_delta_table(
+    divergence: str, delta: float, device: torch.device, lower_delta: float | None = None
+) -> KernelTable | None:
     """The 1-D cubic table of a tabulated divergence (kl: over w = log(-log p)) or an edge-table one
     (reverse_kl: over u = log(g_edge(p) - delta)) for one scalar radius, or None (closed forms,
-    divergences without a table). Cached per (divergence, delta, device)."""
-    div, delta = validate_band(divergence, delta, None, None)
+    divergences without a table). Cached per (divergence, delta, device). With `lower_delta`, the
+    lower root's rows (4-7) come from that radius' table: the coordinates of both are the same
+    (reverse_kl's lower coordinate is then read at lower_delta, as the kernel does)."""
+    div, delta = validate_band(divergence, delta, None, None, lower_delta=lower_delta)
     if div.tabulate:
-        return KernelTable(_root_table(div.name, delta, device), _TABLE_W_MIN, float(_TABLE_CELLS_PER_UNIT))
-    if div.edge_inverse is not None:
-        return KernelTable(_edge_tables(div.name, delta, device), _EDGE_U_MIN, float(_EDGE_CELLS_PER_UNIT))
-    return None
+        coordinate = (_TABLE_W_MIN, float(_TABLE_CELLS_PER_UNIT))
+    elif div.edge_inverse is not None:
+        coordinate = (_EDGE_U_MIN, float(_EDGE_CELLS_PER_UNIT))
+    else:
+        return None
+    lower_delta = delta if lower_delta is None else float(lower_delta)
+    return KernelTable(_spliced_table(div.name, delta, lower_delta, device), *coordinate)
+
+
+@functools.lru_cache(maxsize=64)
+def _spliced_table(name: str, delta: float, lower_delta: float, device: torch.device) -> Tensor:
+    build = _root_table if get_divergence(name).tabulate else _edge_tables
+    if lower_delta == delta:
+        return build(name, delta, device)
+    return torch.cat([build(name, delta, device)[:4], build(name, lower_delta, device)[4:]]).contiguous()
 
 
 def per_token_start_table(divergence: str, device: torch.device) -> KernelTable | None:
@@ -616,6 +655,8 @@ def band_bounds(
     *,
     upper_cap: float | None = None,
     relax: tuple[float, float] | None = None,
+    lower_floor: float | None = None,
+    lower_delta: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Band ratio bounds [r_low(p), r_up(p)] for each token.
 
@@ -630,16 +671,28 @@ def band_bounds(
             not inspected on the host: an entry <= 0, nan or inf gives nan bounds for its token, and
             so does one outside `PER_TOKEN_DELTA_RANGE` ([1e-8, 10]) for kl and reverse_kl, whose
             per-token roots are exact there (a start table and two Halley steps).
-        upper_cap: optional cap on the upper bound (>= 1; the authors' runs use 10), applied last.
+        upper_cap: optional cap on the upper bound (>= 1; the authors' runs use 10).
         relax: optional (eps_low, eps_high): take the union with [1 - eps_low, 1 + eps_high].
+        lower_floor: optional F in (0, 1): the lower bound becomes max(r_low, F) (after relax), so a
+            rare token's probability can fall at most to F times its old value in one update.
+        lower_delta: optional radius of the lower root when it differs from the upper one's
+            (asymmetric radii, as DPPO's delta_low / delta_high); a number, with a number `delta`.
+
+    The order, once: roots of g(p, r) = delta (lower root at lower_delta if given), then relax's
+    union, then the lower floor, then the upper cap. The floor moves only the lower bound and the cap
+    only the upper one, so the two commute; the floor after relax means no token's lower bound is
+    below F, whatever relax asks.
 
     Returns:
         (lower, upper): ratio bounds pi_theta / pi_old, same shape as the input, float32 (float64
         for float64 input), no gradient. Saturation follows Proposition 3: upper == 1/p exactly iff
         g(p, 1/p) <= delta, lower == 0 iff g(p, 0) <= delta. p = 1 gives the p -> 1 limits and
-        p = 0 gives [0, upper_cap or inf].
+        p = 0 gives [0, upper_cap or inf] (or [F, ...] with a floor).
     """
-    lower, upper, _ = band_bounds_with_edge(old_log_probs, divergence, delta, upper_cap=upper_cap, relax=relax)
+    lower, upper, _ = band_bounds_with_edge(
+        old_log_probs, divergence, delta, upper_cap=upper_cap, relax=relax, lower_floor=lower_floor,
+        lower_delta=lower_delta,
+    )  # fmt: skip
     return lower, upper
 
 
@@ -651,18 +704,43 @@ def band_bounds_with_edge(
     *,
     upper_cap: float | None = None,
     relax: tuple[float, float] | None = None,
+    lower_floor: float | None = None,
+    lower_delta: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`band_bounds` plus `upper_at_edge` (bool, same shape): the upper bound is the simplex edge
     1/p itself (saturated, p = 1, or a bound that rounds to 1/p in the output dtype, as kl's upper
     bound does as p -> 1) and neither the cap nor relax moved it. No ratio a probability can reach
     exceeds that bound, so the loss never clips there: compared as ratios, float32 rounding of
     exp(log q - log p) against float32(1/p) could say otherwise at q = 1. The kernel applies the same
-    rule to the same float32 bound."""
+    rule to the same float32 bound. The lower floor and lower_delta move only the lower bound, so the
+    flag is the same with or without them."""
+    lower, upper, at_edge, shape = _unmoved_bounds(old_log_probs, divergence, delta, upper_cap, relax,
+                                                   lower_floor, lower_delta)  # fmt: skip
+    if lower_delta is not None and float(lower_delta) != float(delta):
+        lower, _, _, _ = _unmoved_bounds(old_log_probs, divergence, float(lower_delta), None, None, None, None)
+    if relax is not None:
+        lower = lower.clamp_(max=1.0 - float(relax[0]))
+        at_edge = at_edge & (upper >= 1.0 + float(relax[1]))
+        upper = upper.clamp_(min=1.0 + float(relax[1]))
+    if lower_floor is not None:  # clamp keeps a nan bound nan
+        lower = lower.clamp_(min=float(lower_floor))
+    if upper_cap is not None:
+        at_edge = at_edge & (upper <= float(upper_cap))
+        upper = upper.clamp_(max=float(upper_cap))
+    return lower.reshape(shape), upper.reshape(shape), at_edge.reshape(shape)
+
+
+def _unmoved_bounds(old_log_probs, divergence, delta, upper_cap, relax, lower_floor, lower_delta):
+    """The roots (lower, upper, upper at the edge) of g = delta, flat, before relax, floor and cap,
+    after validating every option; and the input's shape."""
     per_token = isinstance(delta, Tensor)
     if per_token:
-        div, _ = validate_band(divergence, 1.0, upper_cap, relax)
+        div, _ = validate_band(divergence, 1.0, upper_cap, relax, lower_floor=lower_floor, lower_delta=lower_delta)
+        if lower_delta is not None:
+            raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
     else:
-        div, delta = validate_band(divergence, delta, upper_cap, relax)
+        div, delta = validate_band(divergence, delta, upper_cap, relax, lower_floor=lower_floor,
+                                   lower_delta=lower_delta)  # fmt: skip
     if not isinstance(old_log_probs, Tensor) or not old_log_probs.is_floating_point():
         raise ValueError("old_log_probs must be a floating-point torch.Tensor of log-probabilities")
     out_dtype = torch.float64 if old_log_probs.dtype == torch.float64 else torch.float32
@@ -671,10 +749,10 @@ def band_bounds_with_edge(
 
     if not per_token and out_dtype == torch.float32 and div.tabulate:
         lower, upper, at_edge = _tabulated_bounds_float32(div, delta, flat)
-        return _relax_and_cap(lower, upper, at_edge, relax, upper_cap, shape)
+        return lower, upper, at_edge, shape
     if not per_token and out_dtype == torch.float32 and div.edge_inverse is not None:
         lower, upper, at_edge = _edge_table_bounds_float32(div, delta, flat)
-        return _relax_and_cap(lower, upper, at_edge | _rounds_to_edge(upper, flat), relax, upper_cap, shape)
+        return lower, upper, at_edge | _rounds_to_edge(upper, flat), shape
 
     valid = None
     if per_token:
@@ -705,7 +783,7 @@ def band_bounds_with_edge(
         lower, upper = lower.masked_fill_(~valid, math.nan), upper.masked_fill_(~valid, math.nan)
         at_edge = at_edge & valid
     lower, upper = lower.to(out_dtype), upper.to(out_dtype)
-    return _relax_and_cap(lower, upper, at_edge | _rounds_to_edge(upper, flat), relax, upper_cap, shape)
+    return lower, upper, at_edge | _rounds_to_edge(upper, flat), shape
 
 
 def _rounds_to_edge(upper: Tensor, x: Tensor) -> Tensor:
@@ -715,16 +793,3 @@ def _rounds_to_edge(upper: Tensor, x: Tensor) -> Tensor:
     space as it does a saturated one (clipped only if q > 1), on both backends alike."""
     edge = torch.neg(x.to(torch.float64)).clamp_(min=0.0).exp_().to(upper.dtype)
     return upper >= edge
-
-
-def _relax_and_cap(lower: Tensor, upper: Tensor, at_edge: Tensor, relax, upper_cap, shape):
-    """Union with the fixed interval, then the cap (in place), in the output's shape; the edge flag
-    survives only where neither moved the upper bound."""
-    if relax is not None:
-        lower = lower.clamp_(max=1.0 - float(relax[0]))
-        at_edge = at_edge & (upper >= 1.0 + float(relax[1]))
-        upper = upper.clamp_(min=1.0 + float(relax[1]))
-    if upper_cap is not None:
-        at_edge = at_edge & (upper <= float(upper_cap))
-        upper = upper.clamp_(max=float(upper_cap))
-    return lower.reshape(shape), upper.reshape(shape), at_edge.reshape(shape)

@@ -36,8 +36,20 @@ BAND_DEFAULTS = {
     "delta_range": None,
     "target_entropy": None,
     "controller_rate": DEFAULT_CONTROLLER_RATE,
+    "lower_floor": None,  # none: the paper's band
+    # DPPO's (--actor.band.rule dppo): asymmetric radii (else --band_delta for both) and its ratio truncation c
+    "delta_low_high": None,
+    "dppo_truncation": None,
 }
-BAND_RULES = ("trust_region", "dcpo")
+BAND_RULES = ("trust_region", "dcpo", "dppo")
+#: DPPO's truncation c of the importance ratio in its gradient weight min(r, c). The DPPO authors'
+#: scripts (verl examples/dppo_trainer) pass clip_ratio_c=1e4: a large c, as verl's dppo code advises
+#: ("a large threshold is recommended to avoid performance degradation due to the truncation bias",
+#: the paper's section 5.4). verl's dppo functions fall back to 20 only without a config value, which its
+#: trainer never lacks: its ActorConfig sets clip_ratio_c = 3.0, the dual-clip constant of its PPO loss,
+#: which a verl user who does not pass clip_ratio_c gets as DPPO's truncation.
+DPPO_DEFAULT_TRUNCATION = 1e4
+DPPO_DIVERGENCES = ("tv", "kl")
 # the trust region's own knobs: they mean nothing to DCPO's rule, so with it they are refused
 TRUST_REGION_ONLY = {
     "divergence": "--band_divergence", "delta": "--band_delta", "relax": "--actor.band.relax",
@@ -45,6 +57,31 @@ TRUST_REGION_ONLY = {
     "delta_range": "--actor.band.delta_range", "target_entropy": "--actor.band.target_entropy",
     "controller_rate": "--actor.band.controller_rate",
 }  # fmt: skip
+# the flags DPPO's rule cannot take: its mask has no cap, no relax, no floor and no adaptive radius
+DPPO_REFUSED = {
+    "upper_cap": "--actor.band.upper_cap", "relax": "--actor.band.relax", "lower_floor": "--actor.band.lower_floor",
+    "adaptive": "--actor.band.adaptive", "entropy_power": "--actor.band.entropy_power",
+    "delta_range": "--actor.band.delta_range", "target_entropy": "--actor.band.target_entropy",
+    "controller_rate": "--actor.band.controller_rate",
+}  # fmt: skip
+DPPO_ONLY = {"delta_low_high": "--actor.band.delta_low_high", "dppo_truncation": "--actor.band.dppo_truncation"}
+
+
+def _lower_floor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number strictly between 0 and 1, got {text!r}") from None
+    if not 0.0 < value < 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"expected a number strictly between 0 and 1 (each lower bound becomes max(r_low, F)), got {text!r}"
+        )
+    return value
+
+
+def _truncation(text: str) -> float:
+    # "none" parses to inf (no truncation), not None: None means "flag not given, use the default"
+    return math.inf if text.lower() in ("none", "off") else float(text)
 
 
 def _upper_cap(text: str) -> float:
@@ -63,8 +100,11 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
         "--actor.band.rule", default=None, choices=BAND_RULES,
         help="trust_region: the f-divergence band (default); dcpo: DCPO's probability-dependent clip, through "
         "the same loss path, with eps from --actor.eps_clip_low_high or else DCPO's published "
-        f"{DCPO_DEFAULT_EPS[0]:g} {DCPO_DEFAULT_EPS[1]:g} (not --actor.eps_clip); --actor.band.upper_cap applies "
-        "to it, --band_divergence, --band_delta and --actor.band.relax do not and are refused",
+        f"{DCPO_DEFAULT_EPS[0]:g} {DCPO_DEFAULT_EPS[1]:g} (not --actor.eps_clip); --actor.band.upper_cap and "
+        "--actor.band.lower_floor apply to it, --band_divergence, --band_delta and --actor.band.relax do not and "
+        "are refused; dppo: DPPO's binary-divergence mask (arXiv 2602.04879, verl's dppo_tv / dppo_kl) with "
+        "--band_divergence tv or kl, radii --band_delta or --actor.band.delta_low_high, no cap, and the ratio "
+        "truncation --actor.band.dppo_truncation",
     )  # fmt: skip
     group.add_argument(
         "--actor.band.divergence", "--band_divergence", default=None, choices=DIVERGENCES,
@@ -81,6 +121,21 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--actor.band.relax", type=float, nargs=2, default=None, metavar=("EPS_LOW", "EPS_HIGH"),
         help="union the band with [1 - EPS_LOW, 1 + EPS_HIGH] (off by default)",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.lower_floor", type=_lower_floor, default=None, metavar="F",
+        help="floor the lower ratio bound: max(r_low, F), 0 < F < 1, after relax (default: none, the paper's band, "
+        "whose r_low goes to 0 for rare tokens)",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.delta_low_high", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+        help="DPPO's asymmetric radii (verl's clip_ratio_low / clip_ratio_high): the lower root at LOW, the upper at "
+        "HIGH (--actor.band.rule dppo only; instead of --band_delta)",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.dppo_truncation", type=_truncation, default=None, metavar="C",
+        help=f"DPPO's ratio truncation: an unmasked token's gradient weight is min(r, C), C > 0, or 'none' "
+        f"(default {DPPO_DEFAULT_TRUNCATION:g}, the DPPO authors' scripts; --actor.band.rule dppo only)",
     )  # fmt: skip
     group.add_argument(
         "--actor.band.backend", default=None, choices=BACKENDS,
@@ -135,6 +190,30 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
                 f"{refused[0]} does not apply to --actor.band.rule dcpo (DCPO's bounds depend only on its eps): "
                 "drop it, or use --actor.band.rule trust_region"
             )
+    if band.rule == "dppo":
+        refused = [flag for key, flag in DPPO_REFUSED.items() if key in given]
+        if refused:
+            parser.error(
+                f"{refused[0]} does not apply to --actor.band.rule dppo (DPPO masks tokens outside a binary tv / kl "
+                "trust region, with no cap, relax, floor or adaptive radius): drop it, or use --actor.band.rule "
+                "trust_region"
+            )
+        if args.actor.dual_clip is not None:
+            parser.error(
+                "--actor.dual_clip does not apply to --actor.band.rule dppo (DPPO bounds a token's gradient weight "
+                "by its ratio truncation instead, --actor.band.dppo_truncation)"
+            )
+        if "delta_low_high" in given and "delta" in given:
+            parser.error("give DPPO's radii once: --band_delta D (both) or --actor.band.delta_low_high LOW HIGH")
+        if band.divergence is not None and band.divergence not in DPPO_DIVERGENCES:
+            parser.error(
+                "--actor.band.rule dppo takes --band_divergence tv or kl (DPPO's binary TV / KL), "
+                f"got {band.divergence}"
+            )
+    else:
+        for key, flag in DPPO_ONLY.items():
+            if key in given:
+                parser.error(f"{flag} is DPPO's: it needs --actor.band.rule dppo")
     # knobs of a rule that is not on would be silently ignored: refused instead
     for key, needs, flag in (
         ("entropy_power", band.adaptive == "entropy", "--actor.band.adaptive entropy"),
@@ -149,9 +228,23 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
             setattr(band, key, default)
     if band.upper_cap == math.inf:
         band.upper_cap = None
+    if band.rule == "dppo":
+        band.upper_cap = None  # DPPO's mask has no cap
+        if band.delta_low_high is None:
+            band.delta_low_high = (band.delta, band.delta)
+        band.delta_low_high = tuple(band.delta_low_high)
+        band.delta = band.delta_low_high[1]  # the upper root's; the lower one's is lower_delta
+        if band.dppo_truncation is None:
+            band.dppo_truncation = DPPO_DEFAULT_TRUNCATION
+        elif band.dppo_truncation == math.inf:
+            band.dppo_truncation = None
+        elif not band.dppo_truncation > 0.0:  # also nan
+            parser.error(f"--actor.band.dppo_truncation must be > 0 or 'none', got {band.dppo_truncation}")
     band.dcpo_eps = None
     try:
-        validate_band(band.divergence, band.delta, band.upper_cap, band.relax)
+        lower_delta = band.delta_low_high[0] if band.rule == "dppo" else None
+        validate_band(band.divergence, band.delta, band.upper_cap, band.relax, lower_floor=band.lower_floor,
+                      lower_delta=lower_delta)  # fmt: skip
         if band.rule == "trust_region":
             band.delta_range = tuple(band.delta_range) if band.delta_range else default_delta_range(band.delta)
             validate_adaptive(band.delta, band.adaptive, band.entropy_power, band.delta_range,
@@ -179,7 +272,11 @@ def band_loss_kwargs(args) -> dict:
         "upper_cap": band.upper_cap,
         "relax": relax,
         "backend": band.backend,
+        "lower_floor": band.lower_floor,
     }
+    if band.rule == "dppo":
+        kwargs.update(lower_delta=band.delta_low_high[0], ratio_truncation=band.dppo_truncation)
+        return kwargs
     if band.rule == "dcpo":
         eps_low, eps_high = band.dcpo_eps
         kwargs["bounds_fn"] = functools.partial(
@@ -222,6 +319,19 @@ def resolved_loss_config(args) -> dict:
             "dcpo_eps": list(band.dcpo_eps),
             "dcpo_eps_source": band.dcpo_eps_source,
             "upper_cap": band.upper_cap,
+            "lower_floor": band.lower_floor,
+            "backend": band.backend,
+        }
+    elif band.rule == "dppo":
+        config["band"] = {
+            "rule": "dppo",
+            "divergence": band.divergence,
+            "delta_low_high": list(band.delta_low_high),
+            "dppo_truncation": band.dppo_truncation,
+            "mask": f"no gradient where binary {band.divergence} > delta_low (A < 0, r < 1) or > delta_high "
+            "(A > 0, r > 1), as the band's clip",
+            "gradient_weight": "min(r, dppo_truncation)" if band.dppo_truncation is not None else "r",
+            "upper_cap": None,
             "backend": band.backend,
         }
     else:
@@ -231,6 +341,7 @@ def resolved_loss_config(args) -> dict:
             "delta": band.delta,
             "upper_cap": band.upper_cap,
             "relax": list(band.relax) if band.relax is not None else None,
+            "lower_floor": band.lower_floor,
             "backend": band.backend,
             "adaptive": None,
             "controller": None,

@@ -14,7 +14,13 @@ _BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
 
 @torch.no_grad()
 def band_metrics(
-    out: BandTokenLoss, old_log_probs: Tensor, action_mask: Tensor | None, delta: float | Tensor | None = None
+    out: BandTokenLoss,
+    old_log_probs: Tensor,
+    action_mask: Tensor | None,
+    delta: float | Tensor | None = None,
+    *,
+    floor: bool = False,
+    truncated: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """0-d float32 metrics, each a mean over the unmasked tokens, so that OpenRLHF's token-weighted
     all-reduce over micro-batches and ranks gives the exact value over the whole step:
@@ -27,6 +33,13 @@ def band_metrics(
         bin, and share that lies in it and was clipped (either side); bins p < 0.01, 0.01-0.1,
         0.1-0.5, >= 0.5. The clip rate within a bin is clipped_<bin> / tokens_<bin>: the band should
         clip rare tokens far less often than a fixed clip does.
+    band/clip_frac_floor (with a lower floor): share of tokens clipped below only because of the
+        floor (r < F, but r >= the band's own lower bound); a part of clip_frac_lower;
+    band/truncated_frac (with a ratio truncation, DPPO): share of tokens inside the band whose
+        gradient weight min(r, c) was truncated to c (verl's actor/pg_clipfrac_lower). Under DPPO
+        the band's clip is DPPO's mask (both give the token no gradient): clip_frac_upper +
+        clip_frac_lower is verl's actor/pg_clipfrac, not OpenRLHF's is_filter_ratio (that one is the
+        train/rollout mismatch filter of --algo.advantage.is_correction_*);
     band/delta_mean, band/delta_sq_mean: mean radius and mean squared radius over the tokens (when a
         radius is given: not for bounds_fn rules such as DCPO); with a per-token radius the spread
         is sqrt(delta_sq_mean - delta_mean^2), both exact after the reduction.
@@ -37,6 +50,8 @@ def band_metrics(
         action_mask: the input's shape, bool or 0/1; None = all tokens count.
         delta: the radius used: a number, per token (the input's shape) or per sequence (B, 1) /
             (B,); a 1-D radius of length B is per sequence also when B == T.
+        floor: a lower floor was on (report band/clip_frac_floor from out.floor_clipped).
+        truncated: bool, the input's shape: where the ratio truncation acted (band/truncated_frac).
     """
     mask = torch.ones_like(out.loss, dtype=torch.bool) if action_mask is None else action_mask != 0
     count = mask.sum().clamp(min=1)
@@ -52,6 +67,10 @@ def band_metrics(
         "band/upper_mean": share(out.upper),
         "band/width_mean": share(out.upper - out.lower),
     }
+    if floor and out.floor_clipped is not None:
+        metrics["band/clip_frac_floor"] = share(out.floor_clipped)
+    if truncated is not None:
+        metrics["band/truncated_frac"] = share(truncated)
     if delta is not None:
         d = torch.as_tensor(delta, dtype=torch.float32, device=out.loss.device)
         # per sequence, (B,) against (B, T): one radius per row, also when B == T (the rule of

@@ -20,7 +20,7 @@ from openrlhf_band.band.adaptive import (
     entropy_adaptive_delta,
     validate_adaptive,
 )
-from openrlhf_band.band.bounds import validate_band
+from openrlhf_band.band.bounds import is_positive_finite_number, validate_band
 from openrlhf_band.functional import BACKENDS, band_token_loss
 from openrlhf_band.integration.metrics import band_metrics
 
@@ -36,7 +36,13 @@ class BandPolicyLoss(nn.Module):
     0-d tensors (`band/...`) for `experience.info`.
 
     `bounds_fn(old_log_probs) -> (lower, upper)` replaces the band with any other rule of the old
-    log-probs (a fixed interval, a probability-dependent clip); its bounds are used as given.
+    log-probs (a fixed interval, a probability-dependent clip); its bounds are used as given, except
+    for `lower_floor`, which applies to every rule: each lower bound becomes max(lower, F).
+
+    DPPO (arXiv 2602.04879; verl's dppo_tv / dppo_kl) is this loss with divergence "tv" or "kl",
+    `delta` / `lower_delta` its radii delta_high / delta_low, no cap, no dual-clip, and
+    `ratio_truncation` c: a token outside the trust region gets no gradient (DPPO's mask is the
+    band's clip), one inside gets -min(r, c) A. `flags.dppo_loss_kwargs` builds it from the flags.
 
     Adaptive radii (`openrlhf_band.band.adaptive`): `adaptive="entropy"` gives each token
     delta_t = clamp(delta (H_t / H_mean)^entropy_power, *delta_range) from the entropy H_t that
@@ -73,9 +79,16 @@ class BandPolicyLoss(nn.Module):
         delta_range: tuple[float, float] | None = None,
         target_entropy: float | None = None,
         controller_rate: float = DEFAULT_CONTROLLER_RATE,
+        lower_floor: float | None = None,
+        lower_delta: float | None = None,
+        ratio_truncation: float | None = None,
     ) -> None:
         super().__init__()
-        validate_band(divergence, delta, upper_cap, relax)
+        validate_band(divergence, delta, upper_cap, relax, lower_floor=lower_floor, lower_delta=lower_delta)
+        if ratio_truncation is not None and not is_positive_finite_number(ratio_truncation):
+            raise ValueError(f"ratio_truncation must be a positive finite number (DPPO's c), got {ratio_truncation!r}")
+        if lower_delta is not None and (adaptive != "none" or target_entropy is not None):
+            raise ValueError("lower_delta (asymmetric radii) takes a constant radius: adaptive radii are symmetric")
         delta_range = tuple(delta_range) if delta_range is not None else default_delta_range(delta)
         validate_adaptive(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate, divergence)
         if bounds_fn is not None and (adaptive != "none" or target_entropy is not None):
@@ -110,6 +123,7 @@ class BandPolicyLoss(nn.Module):
         self.divergence, self.delta, self.upper_cap, self.relax = divergence, float(delta), upper_cap, relax
         self.backend = backend
         self.bounds_fn = bounds_fn
+        self.lower_floor, self.lower_delta, self.ratio_truncation = lower_floor, lower_delta, ratio_truncation
         self.adaptive, self.entropy_power, self.delta_range = adaptive, float(entropy_power), delta_range
         self.controller = (
             RadiusController(float(delta), float(target_entropy), float(controller_rate), delta_range)
@@ -211,7 +225,8 @@ class BandPolicyLoss(nn.Module):
             log_probs, old_log_probs, advantages, action_mask, divergence=self.divergence,
             delta=self.delta if delta is None else delta,
             upper_cap=self.upper_cap, relax=self.relax, dual_clip=self.dual_clip, backend=self.backend,
-            return_bounds=True, bounds=bounds,
+            return_bounds=True, bounds=bounds, lower_floor=self.lower_floor, lower_delta=self.lower_delta,
+            ratio_truncation=self.ratio_truncation,
         )  # fmt: skip
         loss = out.loss
 
@@ -260,6 +275,12 @@ class BandPolicyLoss(nn.Module):
         clip_ratio = masked_mean(clipped.float(), action_mask, dim=None)
         ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
         self.last_bounds = (out.lower, out.upper)  # per token, for callers' own clip statistics
-        self.band_metrics = band_metrics(out, old_log_probs, action_mask, delta=delta)
+        truncated = None
+        if self.ratio_truncation is not None:  # unclipped tokens whose weight min(r, c) is c (verl's pg_clipfrac_lower)
+            log_ratio = (log_probs.detach().float() - old_log_probs.float()).clamp(-20.0, 20.0)
+            truncated = ~(clipped | out.dual_clipped) & (log_ratio.exp() > float(self.ratio_truncation))
+        self.band_metrics = band_metrics(
+            out, old_log_probs, action_mask, delta=delta, floor=self.lower_floor is not None, truncated=truncated
+        )
         self.band_metrics.update(adaptive_metrics)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio

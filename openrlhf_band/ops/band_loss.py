@@ -206,11 +206,13 @@ def _started_lower_log_root(
 
 @triton.jit
 def _band(
-    x, delta, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
+    x, delta, delta_lo, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
     rows, cols, s_min, s_per_unit, KIND: tl.constexpr, STEPS: tl.constexpr,
 ):  # fmt: skip
     """Unclamped band [lo, hi] and `at_edge` (hi is the simplex edge 1/p itself) for x = log p <= 0,
-    with the rules of `band_bounds`. x and delta are float64 (delta per token, or the scalar); the
+    with the rules of `band_bounds`; the lower root at radius delta_lo (asymmetric radii: a scalar;
+    else delta itself; the tables carry it in their lower rows). x and delta are float64 (delta per
+    token, or the scalar); the
     band is computed in float64 (cancellation in 1 - delta / p, in log q - log p for p ~ 1e-20,
     in the solver's residual) and returned as float32."""
     inv_p = tl.exp(-x)  # float64: finite down to log p = -709 (float32 inputs stop at -104)
@@ -228,7 +230,7 @@ def _band(
         idx, t = _table_position(tl.log(distance_up), u_min, cells_per_unit, cells)
         at_edge = distance_up <= 0.0
         hi = tl.where(at_edge, inv_p, tl.exp(_horner(table_ptr, 0, cells, idx, t, valid) - x))
-        distance_low = -tl.log(_one_minus_exp(x)) - delta
+        distance_low = -tl.log(_one_minus_exp(x)) - delta_lo
         idx, t = _table_position(tl.log(distance_low), u_min, cells_per_unit, cells)
         lo = tl.where(distance_low <= 0.0, 0.0, tl.exp(_horner(table_ptr, 4, cells, idx, t, valid) - x))
     elif KIND >= 6:  # kl / reverse_kl, per-token delta: start table + Halley steps, both roots as lower roots
@@ -259,27 +261,30 @@ def _band(
         q1 = _one_minus_exp(x)
         if KIND == 1:  # tv: 1 -+ delta / p
             upper = 1.0 + delta * inv_p
-            lower = 1.0 - delta * inv_p
+            lower = 1.0 - delta_lo * inv_p
             at_edge = q1 <= delta
-            lo = tl.where(p <= delta, 0.0, lower)
+            lo = tl.where(p <= delta_lo, 0.0, lower)
         elif KIND == 2:  # chi2: 1 -+ sqrt(delta (1 - p) / p)
-            half = tl.sqrt(delta * q1 * inv_p)
-            upper = 1.0 + half
+            upper = 1.0 + tl.sqrt(delta * q1 * inv_p)
             at_edge = q1 * inv_p <= delta
-            lo = tl.where(p / q1 <= delta, 0.0, 1.0 - half)
+            lo = tl.where(p / q1 <= delta_lo, 0.0, 1.0 - tl.sqrt(delta_lo * q1 * inv_p))
         else:  # hellinger: (sqrt p cos -+ sqrt(1 - p) sin)^2 / p, cos = 1 - d / 2, sin = sqrt(d (4 - d)) / 2
             d = tl.minimum(delta, 4.0)
             along = tl.sqrt(p) * (1.0 - 0.5 * d)
             across = tl.sqrt(q1) * (0.5 * tl.sqrt(d * (4.0 - d)))
             upper = (along + across) * (along + across) * inv_p
             at_edge = 2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta
-            lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta, 0.0, (along - across) * (along - across) * inv_p)
+            d_lo = tl.minimum(delta_lo, 4.0)
+            along_lo = tl.sqrt(p) * (1.0 - 0.5 * d_lo)
+            across_lo = tl.sqrt(q1) * (0.5 * tl.sqrt(d_lo * (4.0 - d_lo)))
+            lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta_lo, 0.0,
+                          (along_lo - across_lo) * (along_lo - across_lo) * inv_p)  # fmt: skip
         hi = tl.where(at_edge, inv_p, upper)
         # p = 1 exactly (x = 0) falls out of these formulas as the p -> 1 limits, as in band_bounds
         at_edge = at_edge | (x == 0.0)
     if KIND >= 4:
         # p = 1 exactly: the p -> 1 limits (solved roots meet 0 / 0 there)
-        lo = tl.where(x == 0.0, _lower_at_p_one(delta, KIND), lo)
+        lo = tl.where(x == 0.0, _lower_at_p_one(delta_lo, KIND), lo)
         hi = tl.where(x == 0.0, 1.0, hi)
     lo32 = lo.to(tl.float32)
     hi32 = hi.to(tl.float32)
@@ -300,14 +305,15 @@ def _lower_at_p_one(delta, KIND: tl.constexpr):
 
 @triton.jit
 def _band_loss_fwd_kernel(
-    logp_ptr, old_ptr, adv_ptr, mask_ptr, delta_ptr, lo_ptr, hi_ptr, table_ptr,
+    logp_ptr, old_ptr, adv_ptr, mask_ptr, delta_ptr, lower_delta_ptr, lo_ptr, hi_ptr, table_ptr,
     loss_ptr, coef_ptr, flags_ptr, out_lo_ptr, out_hi_ptr,
     n_elements, n_cols,
     logp_s0, logp_s1, old_s0, old_s1, adv_s0, adv_s1, mask_s0, mask_s1, delta_s0, delta_s1,
     cells, u_min, cells_per_unit, rows, s_min, s_per_unit, delta_min, delta_max,
-    upper_cap, relax_lo, relax_hi, dual_clip,
+    upper_cap, relax_lo, relax_hi, dual_clip, lower_floor, ratio_truncation,
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, HAS_CAP: tl.constexpr, HAS_RELAX: tl.constexpr,
-    HAS_DUAL: tl.constexpr, STORE_BOUNDS: tl.constexpr, STEPS: tl.constexpr,
+    HAS_DUAL: tl.constexpr, HAS_FLOOR: tl.constexpr, HAS_LOWER_DELTA: tl.constexpr, HAS_TRUNC: tl.constexpr,
+    STORE_BOUNDS: tl.constexpr, STEPS: tl.constexpr,
     LR_CLAMP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
@@ -325,6 +331,10 @@ def _band_loss_fwd_kernel(
     adv = tl.load(adv_ptr + row * adv_s0 + col * adv_s1, mask=valid, other=0.0).to(tl.float32)
     # the radius: per token, per sequence (zero column stride) or the scalar (both strides zero)
     delta = tl.load(delta_ptr + row * delta_s0 + col * delta_s1, mask=valid, other=0.05).to(tl.float64)
+    if HAS_LOWER_DELTA:  # asymmetric radii: one float64 scalar for the lower root (a scalar delta only)
+        delta_lo = tl.load(lower_delta_ptr).to(tl.float64)
+    else:
+        delta_lo = delta
 
     raw = logp - old
     # OpenRLHF's torch.clamp keeps nan (PTX min / max would drop it)
@@ -334,7 +344,7 @@ def _band_loss_fwd_kernel(
     x = tl.minimum(old, 0.0)  # log p slightly above 0 from rounding counts as p = 1
     x = tl.where(old == old, x, old)  # keep nan as nan (min(nan, 0) may drop it)
     lo, hi, at_edge = _band(
-        x.to(tl.float64), delta, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
+        x.to(tl.float64), delta, delta_lo, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
         rows, cells, s_min, s_per_unit, KIND, STEPS,
     )  # fmt: skip
     # a per-token radius <= 0, nan, inf, or outside the per-token solver's range: a nan band
@@ -346,6 +356,9 @@ def _band_loss_fwd_kernel(
         lo = tl.minimum(lo, relax_lo)
         at_edge = at_edge & (hi >= relax_hi)
         hi = tl.maximum(hi, relax_hi)
+    band_lo = lo
+    if HAS_FLOOR:  # after relax, as band_bounds; a nan bound stays nan (torch.clamp's rule)
+        lo = tl.maximum(lo, lower_floor, propagate_nan=tl.PropagateNan.ALL)
     if HAS_CAP:
         at_edge = at_edge & (hi <= upper_cap)
         hi = tl.minimum(hi, upper_cap)
@@ -366,6 +379,7 @@ def _band_loss_fwd_kernel(
     weight = tl.where(surr1 == surr2, 0.5 + 0.5 * in_band.to(tl.float32), weight)
     clipped_upper = valid & (adv > 0) & (ratio > hi_loss)
     clipped_lower = valid & (adv < 0) & (ratio < lo)
+    floor_clipped = clipped_lower & (ratio >= band_lo)  # band_lo is lo without a floor: never true then
     if HAS_DUAL:
         floor = dual_clip * adv
         dual = valid & (adv < 0) & (floor > objective)
@@ -377,11 +391,16 @@ def _band_loss_fwd_kernel(
     # the log-ratio clamp passes the gradient only inside [-20, 20] (a nan log-ratio: none)
     weight = tl.where(valid & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP), weight, 0.0)
     # d loss / d log pi; nan where A is nan (0 * nan), as on the torch path
-    coef = tl.where(valid, -ratio * adv * weight, 0.0)
+    if HAS_TRUNC:  # DPPO's truncated importance weight min(r, c) in place of r (nan stays nan)
+        coef = tl.where(valid, -tl.minimum(ratio, ratio_truncation, propagate_nan=tl.PropagateNan.ALL) * adv * weight,
+                        0.0)  # fmt: skip
+    else:
+        coef = tl.where(valid, -ratio * adv * weight, 0.0)
 
     tl.store(loss_ptr + offs, loss, mask=in_range)
     tl.store(coef_ptr + offs, coef, mask=in_range)
     flags = clipped_upper.to(tl.int8) + 2 * clipped_lower.to(tl.int8) + 4 * dual.to(tl.int8)
+    flags += 8 * floor_clipped.to(tl.int8)
     tl.store(flags_ptr + offs, flags, mask=in_range)
     if STORE_BOUNDS:
         tl.store(out_lo_ptr + offs, tl.where(valid, lo, 1.0), mask=in_range)
@@ -442,7 +461,8 @@ class BandLossFunction(torch.autograd.Function):
 
 
 def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
-    divergence, delta, upper_cap, relax, dual_clip, return_bounds, given_bounds = config
+    (divergence, delta, upper_cap, relax, dual_clip, return_bounds, given_bounds, lower_floor, lower_delta,
+     ratio_truncation) = config  # fmt: skip
     shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
     logp = _as_2d(log_probs, shape2d)
     old = _as_2d(old_log_probs, shape2d)
@@ -483,17 +503,23 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     elif per_token and divergence in _IN_KERNEL_SOLVERS:
         kind, kernel_table = _IN_KERNEL_SOLVERS[divergence], per_token_start_table(divergence, device)
         delta_min, delta_max = PER_TOKEN_DELTA_RANGE
-    elif divergence in _IN_KERNEL_TABLES:
-        kind, kernel_table = _IN_KERNEL_TABLES[divergence], scalar_delta_table(divergence, delta, device)
+    elif divergence in _IN_KERNEL_TABLES:  # with lower_delta: its table's lower rows (same coordinates)
+        kind = _IN_KERNEL_TABLES[divergence]
+        kernel_table = scalar_delta_table(divergence, delta, device, lower_delta=lower_delta)
     else:  # a divergence registered by the user: bounds from the torch operator, read by the kernel
         kind = BOUNDS_PRECOMPUTED
-        lo_pre, hi_pre = (b.reshape(shape2d).contiguous() for b in band_bounds(old, divergence, delta))
+        given = band_bounds(old, divergence, delta, lower_delta=lower_delta)
+        lo_pre, hi_pre = (b.reshape(shape2d).contiguous() for b in given)
     if kernel_table is not None:
         table = kernel_table.values
         rows, cells = table.shape  # [8, cells] cubic coefficients, or [rows, cols] start points
         u_min, cells_per_unit = kernel_table.coordinate_min, kernel_table.coordinate_cells_per_unit
         s_min, s_per_unit = kernel_table.log_delta_min, kernel_table.log_delta_cells_per_unit
 
+    if lower_delta is not None:
+        lower_delta_t = torch.full((1,), float(lower_delta), dtype=torch.float64, device=device)
+    else:
+        lower_delta_t = loss
     if action_mask is not None:
         mask = action_mask.reshape(shape2d) if action_mask.dim() != 2 else action_mask
         mask = mask.expand(shape2d)
@@ -505,7 +531,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
 
     if n:
         _band_loss_fwd_kernel[(triton.cdiv(n, _BLOCK),)](
-            logp, old, adv, mask, delta_2d, lo_pre, hi_pre, table,
+            logp, old, adv, mask, delta_2d, lower_delta_t, lo_pre, hi_pre, table,
             loss, coef, flags, out_lo, out_hi,
             n, shape2d[1],
             logp.stride(0), logp.stride(1), old.stride(0), old.stride(1),
@@ -515,8 +541,12 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
             1.0 - float(relax[0]) if relax is not None else 1.0,
             1.0 + float(relax[1]) if relax is not None else 1.0,
             float(dual_clip) if dual_clip is not None else 0.0,
+            float(lower_floor) if lower_floor is not None else 0.0,
+            float(ratio_truncation) if ratio_truncation is not None else 0.0,
             KIND=kind, HAS_MASK=action_mask is not None, HAS_CAP=upper_cap is not None,
-            HAS_RELAX=relax is not None, HAS_DUAL=dual_clip is not None, STORE_BOUNDS=return_bounds,
+            HAS_RELAX=relax is not None, HAS_DUAL=dual_clip is not None, HAS_FLOOR=lower_floor is not None,
+            HAS_LOWER_DELTA=lower_delta is not None, HAS_TRUNC=ratio_truncation is not None,
+            STORE_BOUNDS=return_bounds,
             STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
             num_warps=8 if kind in _EIGHT_WARP_KINDS else _FORWARD_WARPS,
         )  # fmt: skip
@@ -538,13 +568,21 @@ def band_token_loss_triton(
     dual_clip: float | None = None,
     return_bounds: bool = False,
     bounds: tuple[Tensor | float, Tensor | float] | None = None,
+    lower_floor: float | None = None,
+    lower_delta: float | None = None,
+    ratio_truncation: float | None = None,
 ) -> BandTokenLoss:
     """The fused kernel path of `openrlhf_band.band_token_loss` (same arguments and outputs)."""
+    band_options = dict(lower_floor=lower_floor, lower_delta=lower_delta)
     if isinstance(delta, Tensor):
-        validate_band(divergence, 1.0, upper_cap, relax)
+        validate_band(divergence, 1.0, upper_cap, relax, **band_options)
+        if lower_delta is not None:
+            raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
     else:
-        validate_band(divergence, delta, upper_cap, relax)
+        validate_band(divergence, delta, upper_cap, relax, **band_options)
         delta = float(delta)
+    if lower_delta is not None and (bounds is not None or float(lower_delta) == delta):
+        lower_delta = None  # no second radius to read: given bounds, or the symmetric band
     if bounds is not None:  # used as given: the kernel reads them, no cap or relax on top
         shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
         bounds = tuple(
@@ -553,6 +591,9 @@ def band_token_loss_triton(
             for b in bounds
         )  # fmt: skip
         upper_cap = relax = None
-    config = (divergence, delta, upper_cap, relax, dual_clip, return_bounds, bounds)
+    config = (divergence, delta, upper_cap, relax, dual_clip, return_bounds, bounds, lower_floor, lower_delta,
+              ratio_truncation)  # fmt: skip
     loss, flags, lower, upper = BandLossFunction.apply(log_probs, old_log_probs, advantages, action_mask, config)
-    return BandTokenLoss(loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper)
+    return BandTokenLoss(
+        loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper, (flags & 8) != 0
+    )

@@ -46,6 +46,9 @@ class BandTokenLoss(NamedTuple):
     dual_clipped: bool, A < 0 and the dual-clip floor dual_clip * A is the active branch.
     lower, upper: the ratio bounds used (float32; 1 at masked positions), or None unless
         return_bounds=True.
+    floor_clipped: bool, the token is clipped below (clipped_lower) only because of the lower
+        floor: r < F but r >= the band's own lower bound. None where the caller built the tuple
+        without it; all false without a floor.
     """
 
     loss: Tensor
@@ -54,6 +57,7 @@ class BandTokenLoss(NamedTuple):
     dual_clipped: Tensor
     lower: Tensor | None = None
     upper: Tensor | None = None
+    floor_clipped: Tensor | None = None
 
 
 def broadcast_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
@@ -82,6 +86,9 @@ def band_token_loss_reference(
     dual_clip: float | None = None,
     return_bounds: bool = False,
     bounds: tuple[Tensor, Tensor] | None = None,
+    lower_floor: float | None = None,
+    lower_delta: float | None = None,
+    ratio_truncation: float | None = None,
 ) -> BandTokenLoss:
     """The Band surrogate per token in plain torch (see `BandTokenLoss` for the outputs).
 
@@ -95,6 +102,9 @@ def band_token_loss_reference(
             the dispatcher turns a per-sequence (B,) into (B, 1)).
         bounds: precomputed (lower, upper) to use instead of `band_bounds` (e.g. a constant clip
             interval, for equivalence tests against PPO clipping).
+        lower_floor, lower_delta: as in `band_bounds`; the floor also applies to given `bounds`.
+        ratio_truncation: c > 0: the gradient weight of an unclipped token is min(r, c) instead of
+            r (DPPO's truncated importance ratio); the loss value is unchanged.
 
     Ties and edge: see the module docstring (PolicyLoss's gradient, ties split in half by torch.min
     and torch.max; at an upper bound on the simplex edge 1/p, a token with log r <= -log p, i.e.
@@ -111,10 +121,15 @@ def band_token_loss_reference(
     old = old_log_probs.to(compute_dtype)
     at_edge = None
     if bounds is None:
-        lower, upper, at_edge = band_bounds_with_edge(old, divergence, delta, upper_cap=upper_cap, relax=relax)
+        lower, upper, at_edge = band_bounds_with_edge(
+            old, divergence, delta, upper_cap=upper_cap, relax=relax, lower_delta=lower_delta
+        )
     else:
         lower, upper = bounds
     lower, upper = lower.to(compute_dtype).expand(shape), upper.to(compute_dtype).expand(shape)
+    band_lower = lower
+    if lower_floor is not None:  # after relax (band_bounds' order); also on given bounds. clamp keeps nan
+        lower = lower.clamp(min=float(torch.tensor(lower_floor, dtype=torch.float32)))
 
     # masked positions may hold anything (nan, inf): replace them before any arithmetic so that
     # neither the loss nor the gradient can pick up a nan through 0 * nan
@@ -123,6 +138,7 @@ def band_token_loss_reference(
     old = torch.where(mask, old, zero)
     adv = torch.where(mask, adv, zero)
     lower = torch.where(mask, lower, zero + 1)
+    band_lower = torch.where(mask, band_lower, zero + 1)
     upper = torch.where(mask, upper, zero + 1)
 
     log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -131,6 +147,10 @@ def band_token_loss_reference(
         upper_loss = torch.where(at_edge & mask & (log_ratio <= -old.clamp(max=0.0)), math.inf, upper)
 
     ratio = torch.exp(log_ratio)
+    if ratio_truncation is not None:
+        # same value; d ratio / d log_ratio = min(r, c) instead of r (DPPO's truncated weight)
+        weight = torch.clamp(ratio.detach(), max=float(torch.tensor(ratio_truncation, dtype=torch.float32)))
+        ratio = ratio.detach() + (log_ratio - log_ratio.detach()) * weight
     surr1 = ratio * adv
     # tensor clamp, like OpenRLHF's scalar clamp, passes the full gradient at r == bound
     surr2 = torch.clamp(ratio, lower, upper_loss) * adv
@@ -146,5 +166,6 @@ def band_token_loss_reference(
     with torch.no_grad():
         clipped_upper = (adv > 0) & (ratio > upper_loss) & mask
         clipped_lower = (adv < 0) & (ratio < lower) & mask
+        floor_clipped = clipped_lower & (ratio >= band_lower) if lower_floor is not None else torch.zeros_like(mask)
     out_bounds = (lower.detach().float(), upper.detach().float()) if return_bounds else (None, None)
-    return BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, *out_bounds)
+    return BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, *out_bounds, floor_clipped)

@@ -29,7 +29,7 @@ def test_short_and_dotted_spellings_resolve_identically():
     assert short == dotted
     assert short["band"] == {
         "rule": "trust_region", "divergence": "chi2", "delta": 0.1, "upper_cap": 10.0, "relax": None, "backend": "auto",
-        "adaptive": None, "controller": None,
+        "lower_floor": None, "adaptive": None, "controller": None,
     }  # fmt: skip
 
 
@@ -70,7 +70,7 @@ def test_dcpo_eps_default_to_dcpos_published_values_and_the_json_says_so():
     cfg = config("--loss", "band", "--actor.band.rule", "dcpo", "--actor.band.upper_cap", "5")
     assert cfg["band"] == {
         "rule": "dcpo", "dcpo_eps": [0.16, 0.2], "dcpo_eps_source": "DCPO's published values",
-        "upper_cap": 5.0, "backend": "auto",
+        "upper_cap": 5.0, "lower_floor": None, "backend": "auto",
     }  # fmt: skip
     assert "eps_clip_low_high" not in cfg  # the band does not use the clip eps: not shown as if in effect
     cfg = config("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_low_high", "0.1", "0.3")
@@ -167,6 +167,70 @@ def test_adaptive_flags_resolve_and_turn_on_the_entropy():
     ],
 )  # fmt: skip
 def test_bad_adaptive_flags_fail_at_parse_time(extra, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        validate_train_args([*BASE, *extra])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- lower floor and DPPO
+
+
+def test_lower_floor_resolves_for_the_band_and_dcpo_and_reaches_the_loss():
+    cfg = config("--loss", "band", "--actor.band.lower_floor", "0.8")
+    assert cfg["band"]["lower_floor"] == 0.8 and cfg["band"]["rule"] == "trust_region"
+    args = validate_train_args([*BASE, "--loss", "band", "--actor.band.lower_floor", "0.8"])
+    assert band_loss_kwargs(args)["lower_floor"] == 0.8
+    assert config("--loss", "band")["band"]["lower_floor"] is None  # default: the paper's band
+    dcpo = validate_train_args([*BASE, "--loss", "band", "--actor.band.rule", "dcpo",
+                                "--actor.band.lower_floor", "0.6"])  # fmt: skip
+    assert band_loss_kwargs(dcpo)["lower_floor"] == 0.6 and "bounds_fn" in band_loss_kwargs(dcpo)
+
+
+def test_dppo_resolves_to_the_band_with_its_radii_no_cap_and_the_truncation():
+    cfg = config("--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv", "--band_delta", "0.15")
+    assert cfg["band"]["rule"] == "dppo" and cfg["band"]["divergence"] == "tv"
+    assert cfg["band"]["delta_low_high"] == [0.15, 0.15] and cfg["band"]["upper_cap"] is None
+    assert cfg["band"]["dppo_truncation"] == 1e4 and cfg["dual_clip"] is None
+    dppo = ["--actor.band.rule", "dppo", "--actor.band.delta_low_high", "0.1", "0.2"]
+    dppo += ["--actor.band.dppo_truncation", "3"]
+    args = validate_train_args([*BASE, "--loss", "band", *dppo])
+    kwargs = band_loss_kwargs(args)
+    assert (kwargs["divergence"], kwargs["delta"], kwargs["lower_delta"]) == ("kl", 0.2, 0.1)
+    assert kwargs["upper_cap"] is None and kwargs["ratio_truncation"] == 3.0 and kwargs["lower_floor"] is None
+    off = config("--loss", "band", "--actor.band.rule", "dppo", "--actor.band.dppo_truncation", "none")
+    assert off["band"]["dppo_truncation"] is None and off["band"]["gradient_weight"] == "r"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--loss", "band", "--actor.band.lower_floor", "0"], "strictly between 0 and 1"),
+        (["--loss", "band", "--actor.band.lower_floor", "1"], "strictly between 0 and 1"),
+        (["--loss", "band", "--actor.band.lower_floor", "-0.2"], "strictly between 0 and 1"),
+        (["--loss", "band", "--actor.band.lower_floor", "nan"], "strictly between 0 and 1"),
+        (["--loss", "band", "--actor.band.lower_floor", "high"], "strictly between 0 and 1, got 'high'"),
+        (["--actor.band.lower_floor", "0.8"], "needs the band loss"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "chi2"], "takes --band_divergence tv"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--actor.band.upper_cap", "10"],
+         "--actor.band.upper_cap does not apply to --actor.band.rule dppo"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--actor.band.lower_floor", "0.8"],
+         "--actor.band.lower_floor does not apply to --actor.band.rule dppo"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--actor.band.relax", "0.2", "0.2"], "does not apply"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--actor.band.adaptive", "entropy"], "does not apply"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--actor.dual_clip", "10"],
+         "--actor.dual_clip does not apply to --actor.band.rule dppo"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--band_delta", "0.1", "--actor.band.delta_low_high", "0.1",
+          "0.2"], "give DPPO's radii once"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--actor.band.delta_low_high", "0", "0.2"],
+         "lower_delta must be a positive finite number"),
+        (["--loss", "band", "--actor.band.rule", "dppo", "--actor.band.dppo_truncation", "0"],
+         "dppo_truncation must be > 0"),
+        (["--loss", "band", "--actor.band.dppo_truncation", "3"], "--actor.band.dppo_truncation is DPPO's"),
+        (["--loss", "band", "--actor.band.delta_low_high", "0.1", "0.2"], "--actor.band.delta_low_high is DPPO's"),
+    ],
+)  # fmt: skip
+def test_bad_floor_and_dppo_flags_fail_at_parse_time(extra, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         validate_train_args([*BASE, *extra])
     assert exit_.value.code == 2

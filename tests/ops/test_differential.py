@@ -2,7 +2,8 @@
 against the torch reference (backend="torch") on ~330,000 tokens, in few large launches.
 
 Covered: every divergence; scalar, per-token (B, T), per-sequence (B, 1) and (B,) radius (the
-(B,) one with B == T); relax, upper_cap and dual_clip on and off; float32 and bfloat16 log_probs;
+(B,) one with B == T); relax, upper_cap, dual_clip and the lower floor on and off; DPPO's options
+(asymmetric radii through lower_delta, no cap, the ratio truncation) for tv and kl; float32 and bfloat16 log_probs;
 ratios placed 0-2 float32 ulps from each bound (band_bounds gives the bound, log_probs is nudged
 so that exp(log_probs - old) lands on its nextafter neighbours) and from the dual-clip threshold,
 plus random ratios at several scales (some beyond the +-20 log-ratio clamp); A = 0 and denormal
@@ -10,7 +11,7 @@ advantages (whose products tie: torch.min splits the gradient); masked positions
 +-inf or huge values in every input (log_probs, old, advantages, per-token radius, upstream
 gradient), and a fully masked row with a nan per-sequence radius.
 
-Compared: loss, the three flags, the returned bounds, and d sum(loss * upstream) / d log_probs
+Compared: loss, the four flags (floor_clipped too), the returned bounds, and d sum(loss * upstream) / d log_probs
 for a random upstream. The one tolerated difference is a clip decision (and the loss and gradient
 that follow) at a token whose float32 ratio lies within two float32 ulps of a bound (either
 backend's) or of the dual-clip threshold: the interpreter's float32 exp (numpy's) is not
@@ -47,7 +48,7 @@ from openrlhf_band.ops.reference import LOG_RATIO_CLAMP  # noqa: E402
 if not isinstance(band_loss_module._band_loss_fwd_kernel, InterpretedFunction):
     band_loss_module = importlib.reload(band_loss_module)
 
-FLAGS = ("clipped_upper", "clipped_lower", "dual_clipped")
+FLAGS = ("clipped_upper", "clipped_lower", "dual_clipped", "floor_clipped")
 TINY = 2.0**-149  # smallest float32 denormal
 BOUNDS_ATOL, BOUNDS_RTOL = 1e-6, 1e-6
 # the loss at a clipped token is bound * A: the bounds' relative tolerance, plus exp's ulp
@@ -76,6 +77,13 @@ class Config:
     dual_clip: float | None = None
     adv: str = "token"  # or "seq1": (B,)
     delta: float = 0.05
+    lower_floor: float | None = None
+    lower_delta: float | None = None
+    ratio_truncation: float | None = None
+
+    @property
+    def band_options(self) -> dict:
+        return dict(lower_floor=self.lower_floor, lower_delta=self.lower_delta)
 
 
 def _configs() -> list:
@@ -94,6 +102,20 @@ def _configs() -> list:
             ("seq1-square-fp32-relax-dual", Config(div, "seq1", torch.float32, (96, 96), (0.1, 0.1), None, 1.5)),
         ):
             params.append(pytest.param(cfg, id=f"{div}-{name}"))
+        for name, cfg in (
+            ("scalar-fp32-floor", Config(div, "scalar", torch.float32, (8, 2048), delta=d, lower_floor=0.8)),
+            (
+                "scalar-bf16-relax-floor-cap-dual",
+                Config(div, "scalar", torch.bfloat16, (8, 2048), (0.5, 0.28), 10.0, 3.0, delta=d, lower_floor=0.7),
+            ),
+        ):
+            params.append(pytest.param(cfg, id=f"{div}-{name}"))
+    token_floor = Config("kl", "token", torch.float32, (4, 2048), lower_floor=0.6)
+    params.append(pytest.param(token_floor, id="kl-token-fp32-floor"))
+    for div, (low, high) in (("tv", (0.1, 0.2)), ("kl", (0.03, 0.08))):  # DPPO: asymmetric radii, no cap, c
+        for dtype, c in ((torch.float32, 1.5), (torch.bfloat16, 1e4)):
+            cfg = Config(div, "scalar", dtype, (8, 2048), delta=high, lower_delta=low, ratio_truncation=c)
+            params.append(pytest.param(cfg, id=f"{div}-dppo-{str(dtype)[6:]}-c{c:g}"))
     return params
 
 
@@ -162,7 +184,8 @@ def make_case(cfg: Config, seed: int = 0) -> dict:
             delta_full = rows.float()[:, None]  # (B, 1): band_bounds' per-sequence form
 
     def bounds_of(o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lo, hi = band_bounds(o.reshape(b, t), cfg.divergence, delta_full, upper_cap=cfg.upper_cap, relax=cfg.relax)
+        lo, hi = band_bounds(o.reshape(b, t), cfg.divergence, delta_full, upper_cap=cfg.upper_cap, relax=cfg.relax,
+                             **cfg.band_options)  # fmt: skip
         return lo.reshape(-1), hi.reshape(-1)
 
     # the ratio of each token: random at several scales (~6% beyond the +-20 clamp), or 0-2 ulps
@@ -228,7 +251,7 @@ def results(cfg: Config) -> dict:
         res = band_token_loss(
             lp, case["old"], case["adv"], case["mask"], divergence=cfg.divergence, delta=case["delta"],
             upper_cap=cfg.upper_cap, relax=cfg.relax, dual_clip=cfg.dual_clip, backend=backend,
-            return_bounds=True,
+            return_bounds=True, ratio_truncation=cfg.ratio_truncation, **cfg.band_options,
         )  # fmt: skip
         (grad,) = torch.autograd.grad(res.loss, lp, grad_outputs=case["upstream"])
         out[backend] = (res, grad)
@@ -258,7 +281,20 @@ def _edges(cfg: Config, res_t, res_r) -> list[torch.Tensor]:
     edges = [res_t.lower, res_t.upper, res_r.lower, res_r.upper]
     if cfg.dual_clip is not None:
         edges.append(torch.tensor(cfg.dual_clip))
+    if cfg.lower_floor is not None:  # floor_clipped also compares r with the band's own lower bound
+        edges.append(_unfloored_lower(cfg))
     return edges
+
+
+@cache
+def _unfloored_lower(cfg: Config) -> torch.Tensor:
+    case = make_case(cfg)
+    delta = case["delta"]
+    if isinstance(delta, torch.Tensor) and delta.dim() == 1:
+        delta = delta[:, None]
+    old = torch.where(case["mask"], case["old"], 0.0)
+    lower, _ = band_bounds(old, cfg.divergence, delta, upper_cap=cfg.upper_cap, relax=cfg.relax)
+    return lower
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
