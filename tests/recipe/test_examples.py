@@ -14,15 +14,32 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 # the scripts call `python3` and `openrlhf-band`: those of this interpreter's environment
 BASE_ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+# DPPO's whole resolved block: no delta, relax, floor or adaptive keys
+DPPO_KEYS = {"rule", "divergence", "delta_low_high", "dppo_truncation", "mask", "gradient_weight", "upper_cap",
+             "backend"}  # fmt: skip
+# script: (policy loss, dual_clip, the band fields checked; band None: OpenRLHF's own PPO clip, no band)
 EXPECTED = {
-    "bandpo_kl.sh": ("band", {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0}),
-    "bandpo_tv.sh": ("band", {"rule": "trust_region", "divergence": "tv", "delta": 0.05, "upper_cap": 10.0}),
-    "bandpo_chi2.sh": ("band", {"rule": "trust_region", "divergence": "chi2", "delta": 0.05, "upper_cap": 10.0}),
-    "bandpo_adaptive.sh": ("band", {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0}),
-    "grpo_clip.sh": ("ppo", None),
-    "clip_higher.sh": ("ppo", None),
-    "dcpo.sh": ("band", {"rule": "dcpo", "upper_cap": 10.0, "dcpo_eps": [0.16, 0.2]}),
-}
+    "bandpo_kl.sh": ("band", 10.0, {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0,
+                                    "lower_floor": None}),
+    "bandpo_tv.sh": ("band", 10.0, {"rule": "trust_region", "divergence": "tv", "delta": 0.05, "upper_cap": 10.0,
+                                    "lower_floor": None}),
+    "bandpo_chi2.sh": ("band", 10.0, {"rule": "trust_region", "divergence": "chi2", "delta": 0.05, "upper_cap": 10.0,
+                                      "lower_floor": None}),
+    "bandpo_adaptive.sh": ("band", 10.0, {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0,
+                                          "lower_floor": None}),
+    "bandpo_kl_floor.sh": ("band", 10.0, {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0,
+                                          "relax": None, "lower_floor": 0.8}),
+    "grpo_clip.sh": ("ppo", 10.0, None),
+    "clip_higher.sh": ("ppo", 10.0, None),
+    "dcpo.sh": ("band", 10.0, {"rule": "dcpo", "upper_cap": 10.0, "dcpo_eps": [0.16, 0.2], "lower_floor": None}),
+    # DPPO: the authors' verl radii and truncation c = 1e4; no dual-clip (refused with DPPO), no cap
+    "dppo_tv.sh": ("band", None, {"rule": "dppo", "divergence": "tv", "delta_low_high": [0.15, 0.15],
+                                  "dppo_truncation": 10000.0, "gradient_weight": "min(r, dppo_truncation)",
+                                  "upper_cap": None, "backend": "auto"}),
+    "dppo_kl.sh": ("band", None, {"rule": "dppo", "divergence": "kl", "delta_low_high": [0.05, 0.05],
+                                  "dppo_truncation": 10000.0, "gradient_weight": "min(r, dppo_truncation)",
+                                  "upper_cap": None, "backend": "auto"}),
+}  # fmt: skip
 
 
 def dry_run(script: str, tmp_path: Path) -> dict:
@@ -33,6 +50,7 @@ def dry_run(script: str, tmp_path: Path) -> dict:
         "DATA_DIR": str(tmp_path),
         "PYTHONWARNINGS": "ignore",
     }
+    env.pop("LOWER_FLOOR", None)  # bandpo_kl_floor.sh reads it: the test checks the script's own value
     done = subprocess.run(["bash", str(SCRIPTS / script)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(done.stdout[done.stdout.index("{") :])
@@ -45,13 +63,14 @@ def test_every_script_is_covered():
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
     config = dry_run(script, tmp_path)
-    loss, band = EXPECTED[script]
+    loss, dual_clip, band = EXPECTED[script]
     assert config["policy_loss_type"] == loss
     # the paper's shared settings
     assert config["advantage_estimator"] == "group_norm"
     assert config["loss_agg_mode"] == "seq-mean-token-mean"
     assert config["kl_loss"] == {"use_loss": True, "estimator": "k3", "init_coef": 0.001}
-    assert config["entropy_coef"] == 0.0 and config["dual_clip"] == 10.0
+    assert config["entropy_coef"] == 0.0
+    assert config["dual_clip"] == dual_clip
     if band is None:
         assert "band" not in config
     else:
@@ -60,6 +79,9 @@ def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
         assert config["band"]["adaptive"]["rule"] == "entropy" and config["band"]["adaptive"]["entropy_power"] == 1.0
     elif band is not None and band["rule"] == "trust_region":
         assert config["band"]["adaptive"] is None
+    if band is not None and band["rule"] == "dppo":
+        assert set(config["band"]) == DPPO_KEYS
+        assert config["band"]["mask"].startswith(f"no gradient where binary {band['divergence']} > delta_low")
     if script == "clip_higher.sh":
         assert config["eps_clip_low_high"] == [0.2, 0.28]
     if band is not None:  # the band ignores the clip eps, so they are not shown
@@ -78,3 +100,19 @@ def test_attn_override_turns_packing_on_with_flash_attention(tmp_path, monkeypat
     monkeypatch.setitem(BASE_ENV, "ATTN", "flash_attention_2")
     config = dry_run("bandpo_kl.sh", tmp_path)
     assert config["attention"] == {"implementation": "flash_attention_2", "packing_samples": True}
+
+
+def test_the_floor_scripts_floor_comes_from_lower_floor_and_names_the_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(BASE_ENV, "LOWER_FLOOR", "0.5")
+    env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(["bash", str(SCRIPTS / "bandpo_kl_floor.sh")], capture_output=True, text=True, env=env,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout[done.stdout.index("{") :])["band"]["lower_floor"] == 0.5
+    assert "[bandpo-kl-floor0.5]" in done.stdout
+
+
+def test_the_dppo_scripts_refuse_a_dual_clip(tmp_path):
+    env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), "EXTRA_ARGS": "--actor.dual_clip 10"}
+    done = subprocess.run(["bash", str(SCRIPTS / "dppo_tv.sh")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode != 0 and "--actor.dual_clip does not apply to --actor.band.rule dppo" in done.stderr
