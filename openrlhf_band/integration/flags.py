@@ -43,7 +43,8 @@ BAND_DEFAULTS = {
 }
 BAND_RULES = ("trust_region", "dcpo", "dppo")
 #: DPPO's truncation c of the importance ratio in its gradient weight min(r, c). The DPPO authors'
-#: scripts (verl examples/dppo_trainer) pass clip_ratio_c=1e4: a large c, as verl's dppo code advises
+#: scripts (verl-project/verl examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh: radii tv 0.15, kl 0.05)
+#: pass clip_ratio_c=10000.0: a large c, as verl's dppo code advises
 #: ("a large threshold is recommended to avoid performance degradation due to the truncation bias",
 #: the paper's section 5.4). verl's dppo functions fall back to 20 only without a config value, which its
 #: trainer never lacks: its ActorConfig sets clip_ratio_c = 3.0, the dual-clip constant of its PPO loss,

@@ -134,7 +134,9 @@ def test_the_readme_metrics_table_lists_exactly_the_emitted_keys():
     table = [line for line in section.splitlines() if line.startswith("| `band/")]
     documented = {key for line in table for key in re.findall(r"`(band/[^`]+)`", line.split(" | ")[0])}
     log_probs, old, _, adv, mask = make_batch(seed=3)
-    loss_fn = BandPolicyLoss(backend="torch", adaptive="entropy", target_entropy=1.0)  # every key it can emit
+    loss_fn = BandPolicyLoss(  # every key it can emit
+        backend="torch", adaptive="entropy", target_entropy=1.0, lower_floor=0.8, ratio_truncation=3.0
+    )
     loss_fn(log_probs, old, adv, action_mask=mask, entropy=torch.rand_like(old))
     assert documented == set(loss_fn.band_metrics)
 
@@ -276,3 +278,57 @@ def test_the_step_mean_entropy_is_token_weighted_over_all_ranks(tmp_path):
     assert results[0] == results[1]
     assert results[0][0] == pytest.approx(1.5, rel=1e-12)
     assert results[0][1] == pytest.approx(0.05 * math.exp(0.1), rel=1e-12)
+
+
+def test_floor_and_truncation_metrics_match_a_hand_computation():
+    log_probs, old, _, adv, mask = make_batch(seed=4)
+    loss_fn = BandPolicyLoss(backend="torch", divergence="kl", delta=0.05, lower_floor=0.8, ratio_truncation=1.2)
+    loss_fn(log_probs, old, adv, action_mask=mask)
+    m = loss_fn.band_metrics
+    keep = mask.bool()
+    n = keep.sum()
+    band_lower, upper = band_bounds(old, "kl", 0.05, upper_cap=10.0)
+    lower = band_lower.clamp(min=0.8)
+    torch.testing.assert_close(loss_fn.last_bounds[0][keep], lower[keep])
+    ratio = torch.exp(log_probs.detach() - old)
+    low = (adv < 0) & (ratio < lower) & keep
+    up = (adv > 0) & (ratio > upper) & keep
+    by_floor = low & (ratio >= band_lower)
+    assert by_floor.sum() > 0 and (low & ~by_floor).sum() > 0  # both kinds of lower clip occur
+    torch.testing.assert_close(m["band/clip_frac_lower"], low.sum() / n)
+    torch.testing.assert_close(m["band/clip_frac_floor"], by_floor.sum() / n)
+    truncated = keep & ~(low | up) & (ratio > 1.2)
+    assert truncated.sum() > 0
+    torch.testing.assert_close(m["band/truncated_frac"], truncated.sum() / n)
+    assert m["band/lower_mean"] >= 0.8
+
+
+def test_floor_composes_with_dcpo_and_the_adaptive_radius():
+    from openrlhf_band.band.adaptive import entropy_adaptive_delta
+    from openrlhf_band.band.dcpo import dcpo_bounds
+
+    log_probs, old, _, adv, mask = make_batch(seed=7)
+    keep = mask.bool()
+    dcpo = BandPolicyLoss(backend="torch", bounds_fn=dcpo_bounds, lower_floor=0.7)
+    dcpo(log_probs, old, adv, action_mask=mask)
+    dcpo_lower, dcpo_upper = dcpo_bounds(old)
+    torch.testing.assert_close(dcpo.last_bounds[0][keep], dcpo_lower.clamp(min=0.7)[keep])
+    torch.testing.assert_close(dcpo.last_bounds[1][keep], dcpo_upper[keep])
+    entropy = _entropy_like(old)
+    adaptive = BandPolicyLoss(backend="torch", adaptive="entropy", lower_floor=0.75)
+    adaptive(log_probs, old, adv, action_mask=mask, entropy=entropy)
+    h = torch.where(keep, entropy, 0.0)
+    mean = h.sum() / keep.sum()
+    deltas = entropy_adaptive_delta(0.05, h, mean, adaptive.entropy_power, adaptive.delta_range)
+    lower, _ = band_bounds(old, "kl", deltas, upper_cap=10.0, lower_floor=0.75)
+    torch.testing.assert_close(adaptive.last_bounds[0][keep], lower[keep])
+    assert (adaptive.last_bounds[0][keep] >= 0.75).all()
+
+
+def test_dppo_options_are_checked():
+    with pytest.raises(ValueError, match="ratio_truncation must be a positive finite number"):
+        BandPolicyLoss(ratio_truncation=0.0)
+    with pytest.raises(ValueError, match="adaptive radii are symmetric"):
+        BandPolicyLoss(lower_delta=0.02, adaptive="entropy")
+    with pytest.raises(ValueError, match="lower_floor must be a number strictly between 0 and 1"):
+        BandPolicyLoss(lower_floor=1.5)
