@@ -19,6 +19,10 @@ venv: $(STAMP)
 # The stamps also depend on the patch set: a changed patch set needs the released files back first,
 # hence --force-reinstall of openrlhf (a few seconds from pip's cache) before `patch apply`.
 PATCH_SET := $(wildcard openrlhf_band/integration/patches/openrlhf-0.11.2/*)
+# Test-only ground truth: verl's released DPPO losses (tests/integration/test_dppo_verl.py reads its
+# source file from here). --target keeps it out of site-packages: nothing imports verl, and its wheel
+# ships top-level `tests` and `scripts` packages that must not shadow ours.
+VERL_TRUTH := $(VENV)/ground-truth/verl-0.9.1
 
 $(STAMP): requirements/cpu-lock.txt setup.py $(PATCH_SET)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +31,7 @@ $(STAMP): requirements/cpu-lock.txt setup.py $(PATCH_SET)
 	$(PY) -m pip install --quiet --no-deps --force-reinstall openrlhf==0.11.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(VENV)/bin/openrlhf-band patch apply
+	$(PY) -m pip install --quiet --no-deps --target $(VERL_TRUTH) verl==0.9.1
 	touch $(STAMP)
 
 # The end-to-end environment, apart from .venv so that `make demo` never waits for vLLM: the same

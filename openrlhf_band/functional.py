@@ -266,7 +266,9 @@ def band_token_loss(
         lower_delta: the lower root's radius when it differs from `delta` (asymmetric radii, as
             DPPO's); a number, with a number `delta`.
         ratio_truncation: c > 0: an unclipped token's gradient is -min(r, c) A instead of -r A
-            (DPPO's truncated importance weight; verl's clip_ratio_c); the loss value is unchanged.
+            (DPPO's truncated importance weight; verl's clip_ratio_c), also beyond |log r| = 20,
+            where OpenRLHF's clamp would stop the gradient (as verl's DPPO: -min(e^+-20, c) A
+            there); the loss value is unchanged.
 
     Returns:
         `BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, lower, upper)`: per-token

@@ -388,8 +388,12 @@ def _band_loss_fwd_kernel(
     else:
         dual = offs < 0  # all false, same shape (adv != adv would be true at a nan advantage)
     loss = tl.where(valid, -objective, 0.0)
-    # the log-ratio clamp passes the gradient only inside [-20, 20] (a nan log-ratio: none)
-    weight = tl.where(valid & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP), weight, 0.0)
+    # the log-ratio clamp passes the gradient only inside [-20, 20] (a nan log-ratio: none); with the
+    # truncation (DPPO's weight min(r, c), as verl's) everywhere: beyond it the weight is min(e^+-20, c)
+    if HAS_TRUNC:
+        weight = tl.where(valid & (raw == raw), weight, 0.0)
+    else:
+        weight = tl.where(valid & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP), weight, 0.0)
     # d loss / d log pi; nan where A is nan (0 * nan), as on the torch path
     if HAS_TRUNC:  # DPPO's truncated importance weight min(r, c) in place of r (nan stays nan)
         coef = tl.where(valid, -tl.minimum(ratio, ratio_truncation, propagate_nan=tl.PropagateNan.ALL) * adv * weight,

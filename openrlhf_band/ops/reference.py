@@ -104,7 +104,8 @@ def band_token_loss_reference(
             interval, for equivalence tests against PPO clipping).
         lower_floor, lower_delta: as in `band_bounds`; the floor also applies to given `bounds`.
         ratio_truncation: c > 0: the gradient weight of an unclipped token is min(r, c) instead of
-            r (DPPO's truncated importance ratio); the loss value is unchanged.
+            r (DPPO's truncated importance ratio), also beyond the log-ratio clamp (where it is
+            min(e^+-20, c): verl's DPPO gradient); the loss value is unchanged.
 
     Ties and edge: see the module docstring (PolicyLoss's gradient, ties split in half by torch.min
     and torch.max; at an upper bound on the simplex edge 1/p, a token with log r <= -log p, i.e.
@@ -141,16 +142,18 @@ def band_token_loss_reference(
     band_lower = torch.where(mask, band_lower, zero + 1)
     upper = torch.where(mask, upper, zero + 1)
 
-    log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    raw_log_ratio = new - old
+    log_ratio = raw_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     upper_loss = upper
     if at_edge is not None:  # at the edge 1/p, decide in log space: clip only if log r > -log p (q > 1)
         upper_loss = torch.where(at_edge & mask & (log_ratio <= -old.clamp(max=0.0)), math.inf, upper)
 
     ratio = torch.exp(log_ratio)
     if ratio_truncation is not None:
-        # same value; d ratio / d log_ratio = min(r, c) instead of r (DPPO's truncated weight)
+        # same value; d ratio / d log r = min(r, c) instead of r (DPPO's truncated weight). DPPO's gradient
+        # -min(r, c) A does not stop at the log-ratio clamp: beyond it, -min(e^+-20, c) A (verl's), not 0
         weight = torch.clamp(ratio.detach(), max=float(torch.tensor(ratio_truncation, dtype=torch.float32)))
-        ratio = ratio.detach() + (log_ratio - log_ratio.detach()) * weight
+        ratio = ratio.detach() + (raw_log_ratio - raw_log_ratio.detach()) * weight
     surr1 = ratio * adv
     # tensor clamp, like OpenRLHF's scalar clamp, passes the full gradient at r == bound
     surr2 = torch.clamp(ratio, lower, upper_loss) * adv

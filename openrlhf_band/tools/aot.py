@@ -216,7 +216,9 @@ class Variant:
     kernel: str  # 'fwd' or 'bwd'
     divergence: str = "kl"
     radius: str = "scalar"  # 'scalar' (delta = 0.05), 'per-token' (B, T), 'per-seq' (B, 1), 'bounds'
-    options: str = "scripts"  # 'scripts': mask, return_bounds, upper_cap=10, dual_clip=10; 'all': + relax
+    # 'scripts': mask, return_bounds, upper_cap=10, dual_clip=10; 'floor': + lower_floor 0.8; 'all': + relax, the
+    # floor and a ratio truncation; 'dppo': DPPO's options (asymmetric radii, truncation, no cap, no dual clip)
+    options: str = "scripts"
     dtype: str = "fp32"  # of log_probs
 
 
@@ -231,6 +233,9 @@ def variants() -> list[Variant]:
         out.append(Variant(f"fwd-{div}-scalar-all-fp32", "fwd", div, "scalar", "all", "fp32"))
     for dtype in ("fp32", "bf16"):
         out.append(Variant(f"fwd-bounds-scripts-{dtype}", "fwd", "kl", "bounds", "scripts", dtype))
+        out.append(Variant(f"fwd-kl-scalar-floor-{dtype}", "fwd", "kl", "scalar", "floor", dtype))
+        for div in ("tv", "kl"):
+            out.append(Variant(f"fwd-{div}-scalar-dppo-{dtype}", "fwd", div, "scalar", "dppo", dtype))
     for dtype in ("fp32", "bf16"):
         out.append(Variant(f"bwd-{dtype}", "bwd", dtype=dtype))
     return out
@@ -259,8 +264,13 @@ def launch_variant(variant: Variant, batch: int = 4, tokens: int = 1000) -> Laun
         kwargs["delta"] = 0.05
     if variant.radius != "bounds":
         kwargs["upper_cap"] = 10.0
+        if variant.options in ("floor", "all"):
+            kwargs["lower_floor"] = 0.8
         if variant.options == "all":
-            kwargs["relax"] = (0.2, 0.28)
+            kwargs.update(relax=(0.2, 0.28), ratio_truncation=1e4)
+    if variant.options == "dppo":
+        kwargs.update(upper_cap=None, dual_clip=None, delta=0.2 if variant.divergence == "tv" else 0.08,
+                      lower_delta=0.1 if variant.divergence == "tv" else 0.03, ratio_truncation=1e4)  # fmt: skip
 
     def call() -> None:
         out = band_loss.band_token_loss_triton(log_probs, old, adv, mask, **kwargs)

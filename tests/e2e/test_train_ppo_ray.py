@@ -369,3 +369,42 @@ def test_controller_runs_every_step_and_resumes_from_its_saved_radius(controller
     # resumed from the saved radius: it starts at 0.05 SHRINK^4 and goes on shrinking (a fresh
     # controller would start again at 0.05)
     assert 0.05 * SHRINK**7 <= resumed[2] <= 0.05 * SHRINK**4 * (1 + 1e-6)
+
+
+# --- the lower floor and DPPO ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def floor_run(e2e_root) -> Run:
+    """The kl band with the lower floor, spelled as the README's example."""
+    return trained(e2e_root / "floor", "--loss", "band", "--actor.band.lower_floor", "0.8")
+
+
+@pytest.fixture(scope="session")
+def dppo_run(e2e_root) -> Run:
+    return trained(e2e_root / "dppo-tv", "--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv",
+                   "--band_delta", "0.15")  # fmt: skip
+
+
+def test_the_floor_holds_every_lower_bound_and_binds(floor_run):
+    band = resolved_band(floor_run)
+    assert "lower_floor=0.8" in band and "rule='trust_region'" in band
+    series = check_band_metrics(floor_run, list(range(1, STEPS + 1)))
+    # every token's lower bound is >= 0.8, so is their mean at every step
+    assert all(v >= 0.8 * (1 - 1e-6) for v in series["train/band/lower_mean"].values()), series["train/band/lower_mean"]
+    floor = series["train/band/clip_frac_floor"]
+    lower = series["train/band/clip_frac_lower"]
+    # the floor binds: tokens clipped below that the plain kl band would have let fall
+    assert max(floor.values()) > 0.0, (floor, lower)
+    assert all(floor[s] <= lower[s] * (1 + 1e-6) + 1e-9 for s in floor), (floor, lower)
+
+
+def test_dppo_tv_trains_through_the_real_engine(dppo_run):
+    band = resolved_band(dppo_run)
+    assert "rule='dppo'" in band and "divergence='tv'" in band and "upper_cap=None" in band
+    assert "delta_low_high=(0.15, 0.15)" in band and "dppo_truncation=10000.0" in band
+    series = check_band_metrics(dppo_run, list(range(1, STEPS + 1)), upper_cap=math.inf)
+    truncated = series["train/band/truncated_frac"]
+    assert sorted(truncated) == list(range(1, STEPS + 1)) and all(0.0 <= v <= 1.0 for v in truncated.values())
+    scalars = dppo_run.scalars()
+    for step, ratio in scalars["train/ppo_clip_ratio"].items():  # DPPO's masked share, both sides
+        upper, lower = series["train/band/clip_frac_upper"][step], series["train/band/clip_frac_lower"][step]
+        assert ratio == pytest.approx(upper + lower, rel=1e-6, abs=1e-9), step
