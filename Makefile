@@ -31,7 +31,7 @@ $(STAMP): requirements/cpu-lock.txt setup.py $(PATCH_SET)
 	$(PY) -m pip install --quiet --no-deps --force-reinstall openrlhf==0.11.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(VENV)/bin/openrlhf-band patch apply
-	$(PY) -m pip install --quiet --no-deps --target $(VERL_TRUTH) verl==0.9.1
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VERL_TRUTH) verl==0.9.1
 	touch $(STAMP)
 
 # The end-to-end environment, apart from .venv so that `make demo` never waits for vLLM: the same
