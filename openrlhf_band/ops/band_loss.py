@@ -36,6 +36,13 @@ plus backward, i.e. ~7 ns per 1,000 tokens):
   estimate; not measured: no GPU was lent).
 * Any other registered divergence: bounds precomputed by `band_bounds` and read (8 B/token more).
 
+Options beyond the band, all in registers (no extra bytes per token): relax's union, the lower floor
+max(lo, F) after it (a float32 scalar; flag bit 8 marks a token clipped below only because of the
+floor), the upper cap, asymmetric radii (the lower root's radius as one float64 scalar for the closed
+forms, or the lower rows of its own table for kl / reverse_kl, whose coordinates are the same), and
+DPPO's ratio truncation (gradient weight min(r, c), which also passes beyond the log-ratio clamp, as
+verl's DPPO does).
+
 Exact clip decisions at the simplex edge: where hi is the edge 1/p itself (a saturated bound, or
 p = 1), the upper clip is decided in log space, log r > -log p (q > 1), which is exact; comparing
 float32 r = exp(log q - log p) at q = 1 against float32(1/p) can land one ulp above it.
