@@ -19,6 +19,7 @@ _PUBLIC = {
     "BandKernelFallbackWarning": "openrlhf_band.functional",
     "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
     "BandTokenLoss": "openrlhf_band.ops.reference",
+    "fused_linear_logprobs": "openrlhf_band.ops.fused_logprobs",
 }
 __all__ = [
     "DIVERGENCES",
@@ -28,6 +29,7 @@ __all__ = [
     "Divergence",
     "band_bounds",
     "band_token_loss",
+    "fused_linear_logprobs",
     "get_divergence",
     "register_divergence",
 ]
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
     from openrlhf_band.functional import BandKernelFallbackWarning, band_token_loss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
+    from openrlhf_band.ops.fused_logprobs import fused_linear_logprobs
     from openrlhf_band.ops.reference import BandTokenLoss
 
 
