@@ -3,8 +3,9 @@
 # Usage, from the repository root:  OUT=/some/dir bash bench/gpu_check.sh
 # Writes under $OUT: gpu_correctness.json, gpu_jit_resources.json (registers / spills of the kernels the
 # correctness run compiled, from the driver), aot_triton-<ver>-sm<cap>-device.{json,csv} (the AOT resource
-# table for this device's arch), the kernel benchmark JSON/CSV, pytest output if pytest exists.
-# Budget: under 8 minutes on an H200 (correctness ~1-2 min, aot < 2 min, benchmark ~1 min, tests ~1 min).
+# table for this device's arch), the kernel benchmark JSON/CSV, the log-prob benchmark JSON, pytest output if
+# pytest exists. Budget: under 10 minutes on an H200 (correctness ~1-2 min, aot < 2 min, benchmarks ~3 min,
+# tests ~1 min).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-bench/results/gpu}"
@@ -23,6 +24,11 @@ timeout 150 python3 -m openrlhf_band.tools.cli aot --targets "${cap:-90}" --out 
 timeout 180 python3 -m openrlhf_band.tools.cli bench kernel --tokens 524288 4194304 --divergences kl chi2 tv reverse_kl hellinger --repeats 20 \
   2>&1 | tee "$OUT/bench_kernel.log" || status=1
 timeout 60 python3 -m openrlhf_band.tools.cli bench bounds --device cuda --repeats 20 2>&1 | tee "$OUT/bench_bounds.log" || status=1
+# the log-prob step, OpenRLHF's full logits vs the fused chunked lm_head (CUDA peak memory from the allocator);
+# the image has no OpenRLHF: its released models/utils.py (unpatched) comes from .venv, carried with the run
+OPENRLHF_UTILS_PY="${OPENRLHF_UTILS_PY:-.venv/lib/python3.11/site-packages/openrlhf/models/utils.py}" timeout 150 \
+  python3 -m openrlhf_band.tools.cli bench logprobs --device cuda --tokens 4096 16384 65536 --entropy \
+  2>&1 | tee "$OUT/bench_logprobs.log" || status=1
 if python3 -c "import pytest, hypothesis, mpmath" 2>/dev/null; then
   OPENRLHF_BAND_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/ops/test_band_loss_kernel.py \
     2>&1 | tail -20 | tee "$OUT/pytest_kernel.log" || status=1

@@ -17,6 +17,7 @@
 #   WANDB_API_KEY    log to Weights & Biases (project WANDB_PROJECT, default openrlhf-band)
 #   NO_TENSORBOARD=1 do not write TensorBoard logs (default: OUTPUT_DIR/tensorboard)
 #   EPISODES         --train.num_episodes     (default 1; set the step count via dataset size)
+#   FUSED_LOGPROBS=0 OpenRLHF's released forward (full float32 logits) instead of --ds.fused_logprobs
 #   DRY_RUN=1        validate the full argument list with `openrlhf-band check-args` and exit
 #   EXTRA_ARGS       appended to the argument list verbatim (word-split)
 #   ATTN             flash_attention_2 (with --ds.packing_samples) or sdpa (without); default: the
@@ -49,6 +50,11 @@ launch() {
   echo "[$METHOD] attention: ${attn_args[*]}" >&2
   reward_py="$(python3 -c 'import openrlhf_band.recipe.reward as r; print(r.__file__)')"
 
+  local fused_args=(--ds.fused_logprobs)
+  if [[ "${FUSED_LOGPROBS:-1}" == 0 ]]; then
+    fused_args=()
+  fi
+
   local args=(
     --actor.model_name_or_path "$model"
     --actor.num_nodes "$nnodes" --actor.num_gpus_per_node "$gpus"
@@ -57,6 +63,10 @@ launch() {
     --vllm.gpu_memory_utilization 0.6 --vllm.enable_sleep --ds.enable_sleep
     --train.colocate_all --ds.zero_stage 3 --ds.param_dtype bf16
     --actor.gradient_checkpointing_enable "${attn_args[@]}"
+    # log-probs (and entropy) from the hidden states inside lm_head, one chunk of logits at a time
+    # (openrlhf_band.ops.fused_linear_logprobs): no [batch, seq, vocab] float32 logits. Not yet measured
+    # on a GPU; FUSED_LOGPROBS=0 runs OpenRLHF's released forward instead.
+    "${fused_args[@]}"
     # GRPO with the paper's batch shape: 256 prompts x 16 samples, 4 optimizer steps per rollout
     --algo.advantage.estimator group_norm
     --rollout.batch_size 256 --rollout.n_samples_per_prompt 16

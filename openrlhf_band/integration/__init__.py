@@ -15,6 +15,7 @@ from openrlhf_band.integration.compat import (
     unpad_input,
 )
 from openrlhf_band.integration.flags import add_band_arguments, band_loss_kwargs, validate_band_arguments
+from openrlhf_band.integration.fused_head import fused_forward, install_fused_head
 from openrlhf_band.integration.hooks import (
     band_after_step,
     band_checkpoint_state,
@@ -35,7 +36,9 @@ __all__ = [
     "band_loss_inputs",
     "band_loss_kwargs",
     "band_metrics",
+    "fused_forward",
     "index_first_axis",
+    "install_fused_head",
     "loss_class_and_kwargs",
     "missing_vllm",
     "pad_input",

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 # Memory the automatic chunk size allows for the per-chunk temporaries, in bytes.
-LOGITS_CHUNK_MEMORY_BUDGET_BYTES = 2 * 1024**3
+LOGITS_CHUNK_MEMORY_BUDGET_BYTES = 640 * 1024**2
 # Bytes per logit a chunk keeps alive at its peak, rounded up for headroom: forward holds the
 # model-dtype GEMM output (2 B for bf16) briefly, then float32 z, softmax(z) and p * z (4 B each);
 # backward holds z, p and the model-dtype da (4 + 4 + 2 B).
@@ -54,7 +54,10 @@ _BYTES_PER_LOGIT = 16
 # Automatic chunks are a multiple of this many rows (GEMM tiles divide it) and at least this many:
 # every chunk re-reads the whole weight, and a chunk of M rows does only M FLOP per weight byte, so
 # far fewer rows would leave the lm_head GEMM bound by that re-read (an H100's bf16 ridge point is
-# ~300 FLOP/B; 128 is a floor, the 2 GiB budget gives 768 rows at V = 152k).
+# ~300 FLOP/B; 128 is a floor). The 640 MiB budget gives 256 rows at V = 152k: the goal is a log-prob
+# step at most 1/8 of OpenRLHF's peak at 4,096 tokens (OpenRLHF's ~13 B per logit over all N rows
+# against ~15 B per logit of one chunk, plus the weight's gradient both paths hold); 768 rows would
+# double the peak for ~1.5x the weight re-reads' arithmetic intensity (bench/results/logprobs_*.json).
 _CHUNK_ROW_MULTIPLE = 128
 
 
@@ -63,7 +66,7 @@ def auto_chunk_tokens(vocab_size: int, budget_bytes: int | None = None) -> int:
     `LOGITS_CHUNK_MEMORY_BUDGET_BYTES`, read at call time).
 
     About budget / (16 V) rows (see `_BYTES_PER_LOGIT`), rounded down to a multiple of 128 and at
-    least 128. E.g. V = 151,936 with the default 2 GiB budget gives 768 rows.
+    least 128. E.g. V = 151,936 with the default 640 MiB budget gives 256 rows.
     """
     if budget_bytes is None:
         budget_bytes = LOGITS_CHUNK_MEMORY_BUDGET_BYTES
@@ -194,7 +197,10 @@ class FusedLinearLogprobsFunction(torch.autograd.Function):
         # an autocast region that encloses `.backward()` on CPU.
         with _gathered(weight, bias), torch.autocast(device_type, enabled=False):
             # Allocated once gathered: a partitioned ZeRO-3 parameter's own shape is (0,).
-            grad_weight = torch.zeros(weight.shape, dtype=compute_dtype, device=weight.device) if need_weight else None
+            # d W is summed in the weight's own dtype, as Liger-Kernel's fused linear cross-entropy does: a
+            # float32 accumulator (4 V H bytes: 544 MB at V = 152k, H = 896) would cost more than the chunk
+            # (under autocast, fp32 weights: summed in fp32, their own dtype)
+            grad_weight = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device) if need_weight else None
             grad_bias = torch.zeros(bias.shape, dtype=compute_dtype, device=bias.device) if need_bias else None
             # d hidden = da @ W runs in the logits dtype, as the lm_head GEMM's own backward does
             # (under autocast that is a copy of an fp32 weight, made once, not per chunk).
@@ -227,19 +233,18 @@ class FusedLinearLogprobsFunction(torch.autograd.Function):
                 if need_hidden:
                     grad_hidden[start:end] = grad_model_logits @ weight_for_grad_hidden
                 if need_weight:
-                    # d W sums over all N tokens. Each chunk's part is one GEMM in the logits dtype (as
-                    # the lm_head GEMM's own backward: tensor cores on a GPU; on CPU a float32 GEMM would
-                    # cost ~2.4x a bf16 one), summed over chunks in the compute dtype and rounded once at
-                    # the end. With one chunk that is exactly autograd's GEMM; with k chunks each part is
-                    # rounded to the logits dtype once more (k roundings instead of one). The hidden rows
-                    # are those the lm_head GEMM saw (autocast may have rounded them).
+                    # d W sums over all N tokens: one GEMM per chunk in the logits dtype (as the lm_head
+                    # GEMM's own backward: tensor cores on a GPU; on CPU a float32 GEMM costs ~2.4x a bf16
+                    # one) adding into the running sum, which each chunk rounds once to that dtype (k
+                    # roundings for k chunks where autograd rounds once; with one chunk, autograd's GEMM).
+                    # The hidden rows are those the lm_head GEMM saw (autocast may have rounded them).
                     hidden_seen = hidden[start:end].to(logits_dtype)
-                    if logits_dtype == compute_dtype:
+                    if start == 0 and end == num_tokens:
+                        grad_weight = grad_model_logits.t() @ hidden_seen
+                    elif grad_weight.dtype == logits_dtype:
                         grad_weight.addmm_(grad_model_logits.t(), hidden_seen)
-                    elif start == 0 and end == num_tokens:
-                        grad_weight = grad_model_logits.t() @ hidden_seen  # the one chunk: autograd's GEMM
                     else:
-                        grad_weight += grad_model_logits.t() @ hidden_seen
+                        grad_weight += (grad_model_logits.t() @ hidden_seen).to(grad_weight.dtype)
                 if need_bias:
                     grad_bias += grad_model_logits.sum(0, dtype=compute_dtype)
                 del grad_logits, grad_model_logits

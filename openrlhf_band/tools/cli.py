@@ -33,6 +33,7 @@ BENCHMARKS = {
     "kernel": "kernel_bench",
     "reward": "reward_bench",
     "authors-rule": "authors_rule_bench",
+    "logprobs": "logprobs_bench",
 }
 
 
@@ -127,13 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
     bench_sub = p.add_subparsers(dest="what", required=True)
-    from openrlhf_band.tools.bench import authors_rule_bench, bounds_bench, kernel_bench, reward_bench
+    from openrlhf_band.tools.bench import (
+        authors_rule_bench,
+        bounds_bench,
+        kernel_bench,
+        logprobs_bench,
+        reward_bench,
+    )
 
     for name, module, text in (
         ("bounds", bounds_bench, "band bounds vs fixed clipping vs the authors' solver"),
         ("kernel", kernel_bench, "fused Band loss vs torch reference vs OpenRLHF PPO clipping"),
         ("reward", reward_bench, "reward scoring throughput against the number of math-verify workers"),
         ("authors-rule", authors_rule_bench, "clip fractions: this band vs the authors' p > 1 - 1e-6 rule"),
+        ("logprobs", logprobs_bench, "log-prob step: OpenRLHF's full logits vs the fused chunked lm_head"),
     ):
         module.add_arguments(bench_sub.add_parser(name, help=text))
     p.set_defaults(func=_cmd_bench)

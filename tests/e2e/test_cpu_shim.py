@@ -21,7 +21,7 @@ def load_shim():
     return shim
 
 
-PROBES = {"sync_probe", "entropy_probe"}  # test instrumentation, not patches of CUDA-only calls
+PROBES = {"sync_probe", "entropy_probe", "fused_logprobs_probe"}  # test instrumentation, not patches of CUDA-only calls
 PATCH_NAMES = sorted({name for patches in load_shim().PATCHES.values() for name, _ in patches} - PROBES)
 
 

@@ -380,8 +380,12 @@ def floor_run(e2e_root) -> Run:
 
 @pytest.fixture(scope="session")
 def dppo_run(e2e_root) -> Run:
-    return trained(e2e_root / "dppo-tv", "--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv",
-                   "--band_delta", "0.15")  # fmt: skip
+    """DPPO-TV, with the fused lm_head log-probs and the entropy computed (one run for both: each
+    run costs a minute or two of start-up)."""
+    return trained(
+        e2e_root / "dppo-tv", "--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv",
+        "--band_delta", "0.15", "--ds.fused_logprobs", "--actor.entropy_coef", "0",
+    )  # fmt: skip
 
 
 def test_the_floor_holds_every_lower_bound_and_binds(floor_run):
@@ -400,7 +404,8 @@ def test_the_floor_holds_every_lower_bound_and_binds(floor_run):
 def test_dppo_tv_trains_through_the_real_engine(dppo_run):
     band = resolved_band(dppo_run)
     assert "rule='dppo'" in band and "divergence='tv'" in band and "upper_cap=None" in band
-    assert "delta_low_high=(0.15, 0.15)" in band and "dppo_truncation=10000.0" in band
+    # (the namespace's own parentheses end `resolved_band` early: read these from the log)
+    assert "delta_low_high=(0.15, 0.15)" in dppo_run.log and "dppo_truncation=10000.0" in dppo_run.log
     series = check_band_metrics(dppo_run, list(range(1, STEPS + 1)), upper_cap=math.inf)
     truncated = series["train/band/truncated_frac"]
     assert sorted(truncated) == list(range(1, STEPS + 1)) and all(0.0 <= v <= 1.0 for v in truncated.values())
@@ -408,3 +413,16 @@ def test_dppo_tv_trains_through_the_real_engine(dppo_run):
     for step, ratio in scalars["train/ppo_clip_ratio"].items():  # DPPO's masked share, both sides
         upper, lower = series["train/band/clip_frac_upper"][step], series["train/band/clip_frac_lower"][step]
         assert ratio == pytest.approx(upper + lower, rel=1e-6, abs=1e-9), step
+
+
+# --- --ds.fused_logprobs (in the DPPO run above) ------------------------------------------------------
+def test_fused_logprobs_train_and_equal_openrlhfs_on_the_first_batch(dppo_run):
+    assert "fused_logprobs=True" in dppo_run.log
+    assert sync_problems(dppo_run) == []
+    records = [json.loads(line) for line in (dppo_run.out / "fused.jsonl").read_text().splitlines()]
+    assert records, "the probe did not compare the two forwards"
+    for record in records:  # bf16 weights: the same float32 log-softmax of the same bf16 logits
+        assert record["tokens"] > 0 and record["log_prob_range"][0] < -0.01, record
+        assert record["max_abs_log_prob_diff"] <= 1e-4 and record["max_abs_entropy_diff"] <= 1e-4, record
+    entropy = dppo_run.scalars()["train/entropy_loss"]  # OpenRLHF's entropy log, from the fused head
+    assert sorted(entropy) == list(range(1, STEPS + 1)) and all(v > 0 for v in entropy.values()), entropy

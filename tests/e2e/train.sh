@@ -86,9 +86,10 @@ trap 'stage "interrupted: stopping the cluster and every process of the run"; ex
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/tests/e2e/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
-export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_ENTROPY_LOG="$OUT_DIR/entropy.jsonl"
+export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_ENTROPY_LOG="$OUT_DIR/entropy.jsonl" E2E_FUSED_LOG="$OUT_DIR/fused.jsonl"
 : > "$E2E_SYNC_LOG"
 : > "$E2E_ENTROPY_LOG"
+: > "$E2E_FUSED_LOG"
 export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions"  # DeepSpeed's CPU ops, compiled on first use
 export GLOO_SOCKET_IFNAME=lo VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 export RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false

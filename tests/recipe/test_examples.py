@@ -42,7 +42,7 @@ EXPECTED = {
 }  # fmt: skip
 
 
-def dry_run(script: str, tmp_path: Path) -> dict:
+def dry_run(script: str, tmp_path: Path, **extra_env: str) -> dict:
     env = {
         **BASE_ENV,
         "DRY_RUN": "1",
@@ -51,6 +51,8 @@ def dry_run(script: str, tmp_path: Path) -> dict:
         "PYTHONWARNINGS": "ignore",
     }
     env.pop("LOWER_FLOOR", None)  # bandpo_kl_floor.sh reads it: the test checks the script's own value
+    env.pop("FUSED_LOGPROBS", None)
+    env.update(extra_env)
     done = subprocess.run(["bash", str(SCRIPTS / script)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(done.stdout[done.stdout.index("{") :])
@@ -67,6 +69,7 @@ def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
     assert config["policy_loss_type"] == loss
     # the paper's shared settings
     assert config["advantage_estimator"] == "group_norm"
+    assert config["fused_logprobs"] is True  # --ds.fused_logprobs, from common.sh
     assert config["loss_agg_mode"] == "seq-mean-token-mean"
     assert config["kl_loss"] == {"use_loss": True, "estimator": "k3", "init_coef": 0.001}
     assert config["entropy_coef"] == 0.0
@@ -116,3 +119,7 @@ def test_the_dppo_scripts_refuse_a_dual_clip(tmp_path):
     env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), "EXTRA_ARGS": "--actor.dual_clip 10"}
     done = subprocess.run(["bash", str(SCRIPTS / "dppo_tv.sh")], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode != 0 and "--actor.dual_clip does not apply to --actor.band.rule dppo" in done.stderr
+
+
+def test_fused_logprobs_can_be_switched_off(tmp_path):
+    assert dry_run("grpo_clip.sh", tmp_path, FUSED_LOGPROBS="0")["fused_logprobs"] is False

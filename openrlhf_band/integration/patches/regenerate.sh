@@ -13,6 +13,8 @@ files=(
   openrlhf/trainer/ppo_utils/samples_generator.py
   openrlhf/cli/train_ppo_ray.py
   openrlhf/trainer/ray/ppo_actor.py
+  openrlhf/models/actor.py
+  openrlhf/trainer/ray/launcher.py
 )
 action="${1:?usage: regenerate.sh extract|diff WORKDIR}"
 work="${2:?usage: regenerate.sh extract|diff WORKDIR}"

@@ -191,9 +191,54 @@ def _record_loss_entropy(module) -> None:
     module.BandPolicyLoss.forward = forward
 
 
+def _compare_fused_logprobs(module) -> None:
+    """Probe, not a patch: with --ds.fused_logprobs, the first training batch of each actor process is
+    also run through OpenRLHF's own forward (the fused head switched off), no gradient, and the largest
+    difference of the action log-probs (and entropy) is appended to $E2E_FUSED_LOG."""
+    original = module.ActorPPOTrainer.training_step
+
+    def training_step(self, experience, *args, **kwargs):
+        path = os.environ.get("E2E_FUSED_LOG")
+        head = getattr(self.actor, "fused_head", None)
+        if path and head is not None and not getattr(self, "_e2e_fused_compared", False):
+            self._e2e_fused_compared = True
+            import torch
+
+            def run():
+                log_probs, output = self.actor(
+                    experience.sequences, experience.action_mask, attention_mask=experience.attention_mask,
+                    return_output=True, return_entropy=True,
+                )  # fmt: skip
+                return log_probs, output.entropy[:, -experience.action_mask.shape[1] :]
+
+            with torch.no_grad():
+                fused_lp, fused_ent = run()
+                self.actor.fused_head = None  # OpenRLHF's forward, same weights, same batch
+                try:
+                    plain_lp, plain_ent = run()
+                finally:
+                    self.actor.fused_head = head
+            mask = experience.action_mask.bool()
+            record = {
+                "tokens": int(mask.sum()),
+                "max_abs_log_prob_diff": float((fused_lp - plain_lp)[mask].abs().max()),
+                "max_abs_entropy_diff": float((fused_ent - plain_ent)[mask].abs().max()),
+                "log_prob_range": [float(plain_lp[mask].min()), float(plain_lp[mask].max())],
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return original(self, experience, *args, **kwargs)
+
+    module.ActorPPOTrainer.training_step = training_step
+
+
 # module -> [(patch name, function)]; the reasons are the functions' docstrings
 PATCHES = {
-    "openrlhf.trainer.ray.ppo_actor": [("cuda_on_cpu", _cuda_on_cpu), ("sync_probe", _record_trainer_weights)],
+    "openrlhf.trainer.ray.ppo_actor": [
+        ("cuda_on_cpu", _cuda_on_cpu),
+        ("sync_probe", _record_trainer_weights),
+        ("fused_logprobs_probe", _compare_fused_logprobs),
+    ],
     "openrlhf.trainer.ray.launcher": [("cuda_on_cpu", _cuda_on_cpu)],
     "openrlhf.trainer.ppo_utils.replay_buffer": [("cuda_on_cpu", _cuda_on_cpu)],
     "openrlhf.utils.deepspeed.deepspeed": [("cuda_on_cpu", _cuda_on_cpu), ("device_mesh_on_cpu", _device_mesh_on_cpu)],
