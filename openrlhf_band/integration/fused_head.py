@@ -65,8 +65,8 @@ def validate_fused_logprobs_arguments(parser: argparse.ArgumentParser, args) -> 
     targets = getattr(getattr(args.ds, "lora", None), "target_modules", None) or []
     if lora > 0 and "lm_head" in (targets if isinstance(targets, list) else [targets]):
         conflicts.append("LoRA on lm_head (--ds.lora.target_modules lm_head: the head is no plain linear layer)")
-    if getattr(args.data, "image_key", None) is not None:
-        conflicts.append("a vision-language model (--data.image_key): its head is not supported")
+    if (getattr(getattr(args, "data", None), "max_images_per_prompt", 0) or 0) > 0:
+        conflicts.append("a vision-language model (--data.max_images_per_prompt > 0)")
     if conflicts:
         parser.error(f"{FLAG} does not support {conflicts[0]}: drop one of the two")
 

@@ -235,3 +235,18 @@ def test_bad_floor_and_dppo_flags_fail_at_parse_time(extra, message, capsys):
         validate_train_args([*BASE, *extra])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_fused_logprobs_flag_resolves_for_any_loss_and_refuses_what_it_cannot_honour(capsys):
+    assert config("--ds.fused_logprobs")["fused_logprobs"] is True
+    assert config("--loss", "band", "--ds.fused_logprobs")["fused_logprobs"] is True
+    assert config()["fused_logprobs"] is False
+    for extra, message in (
+        (["--ds.tensor_parallel_size", "2"], "--ds.tensor_parallel_size > 1"),
+        (["--data.max_images_per_prompt", "1"], "a vision-language model"),
+        (["--ds.deepcompile"], "--ds.deepcompile"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            validate_train_args([*BASE, "--ds.fused_logprobs", *extra])
+        assert exit_.value.code == 2
+        assert f"--ds.fused_logprobs does not support {message}" in capsys.readouterr().err
