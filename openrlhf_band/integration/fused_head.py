@@ -152,7 +152,9 @@ class FusedForward:
         self.log_probs = columns[..., 0]
         if self._entropy:
             self.entropy = columns[..., 1]
-        output["logits"] = None  # nothing of vocabulary size is kept alive by `output`
+        # nothing of vocabulary size is kept alive by `output`; an empty float32 tensor rather than None,
+        # so that Actor.forward's own cast and temperature lines run unchanged (on nothing)
+        output["logits"] = columns.new_empty(0)
 
 
 def install_fused_head(actor: nn.Module, enabled: bool) -> None:

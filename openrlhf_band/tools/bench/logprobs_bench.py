@@ -8,8 +8,9 @@ its torch fallback; `compute_entropy` is torch.compile'd in OpenRLHF, run eagerl
 CUDA). The fused path is `openrlhf_band.ops.fused_linear_logprobs`.
 
 Each (path, size) runs in a fresh subprocess, so that one's memory cannot hide in the other's. Peak
-memory is measured, not computed: on CPU the process's peak resident set (getrusage ru_maxrss) minus
-its resident set right before the step (inputs allocated, a small warm-up step done); on CUDA the
+memory is measured, not computed: on CPU the process's peak resident set (VmHWM) minus
+its resident set right before the step (inputs allocated, a small warm-up step done; the peak counter
+VmHWM reset then through /proc/self/clear_refs, so building the inputs is not counted); on CUDA the
 allocator's peak (torch.cuda.max_memory_allocated after reset_peak_memory_stats) minus what was
 allocated before the step. Times are one run each (CPU: wall seconds on a shared machine, noise at
 the ~10% level; their ratio is what to read). Max differences (log-probs, entropy, gradients w.r.t.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -113,6 +113,26 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _start_peak(device: torch.device) -> int:
+    """Reset the peak counter; return what is allocated now (the step's baseline)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: "5" resets the peak resident set (VmHWM)
+        f.write("5")
+    return _rss_bytes()
+
+
+def _peak_since(device: torch.device, base: int) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    return hwm - base
+
+
 def _worker(args: argparse.Namespace) -> int:
     path, tokens, output = args.worker[0], int(args.worker[1]), args.worker[2]
     device = torch.device(args.device)
@@ -133,34 +153,19 @@ def _worker(args: argparse.Namespace) -> int:
     torch.autograd.backward([lp] + ([ent] if ent is not None else []),
                             [small[3]] + ([small[4]] if ent is not None else []))  # fmt: skip
     weight.grad = None
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = _rss_bytes()
+    base = _start_peak(device)
     start = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad():  # the experience maker's old-policy and reference passes
         lp_nograd, _ = step(hidden.detach(), weight.detach(), labels, grad_lp, grad_ent)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        forward_peak = torch.cuda.max_memory_allocated() - base
-    else:
-        forward_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    forward_peak = _peak_since(device, base)
     forward_s = time.perf_counter() - start
     del lp_nograd
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+    base = _start_peak(device)
     start = time.perf_counter()
     lp, ent = step(hidden, weight, labels, grad_lp, grad_ent)
     torch.autograd.backward([lp] + ([ent] if ent is not None else []),
                             [grad_lp] + ([grad_ent] if ent is not None else []))  # fmt: skip
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        train_peak = torch.cuda.max_memory_allocated() - base
-    else:
-        train_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    train_peak = _peak_since(device, base)
     train_s = time.perf_counter() - start
     torch.save({"log_probs": lp.detach().cpu(), "entropy": None if ent is None else ent.detach().cpu(),
                 "grad_hidden": hidden.grad.cpu(), "grad_weight": weight.grad.cpu(),
@@ -230,7 +235,8 @@ def main(args: argparse.Namespace) -> int:
         "command": "openrlhf-band bench logprobs " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "logprobs"]
                                                               else sys.argv[1:]),  # fmt: skip
         "memory_method": "CUDA: max_memory_allocated - allocated before the step" if device.type == "cuda" else
-        "CPU: peak resident set (getrusage ru_maxrss) - resident set before the step, one process per measurement",
+        "CPU: peak resident set (VmHWM, reset through /proc/self/clear_refs before the step) - resident set "
+        "before the step, one process per (path, size)",
         "config": {"vocab": args.vocab, "hidden": args.hidden, "dtype": args.dtype, "temperature": args.temperature,
                    "entropy": args.entropy, "chunk_tokens": args.chunk_tokens},
         "machine": machine_info(device),
