@@ -42,7 +42,7 @@ class BandPolicyLoss(nn.Module):
     DPPO (arXiv 2602.04879; verl's dppo_tv / dppo_kl) is this loss with divergence "tv" or "kl",
     `delta` / `lower_delta` its radii delta_high / delta_low, no cap, no dual-clip, and
     `ratio_truncation` c: a token outside the trust region gets no gradient (DPPO's mask is the
-    band's clip), one inside gets -min(r, c) A. `flags.dppo_loss_kwargs` builds it from the flags.
+    band's clip), one inside gets -min(r, c) A. `flags.band_loss_kwargs` builds it from the flags.
 
     Adaptive radii (`openrlhf_band.band.adaptive`): `adaptive="entropy"` gives each token
     delta_t = clamp(delta (H_t / H_mean)^entropy_power, *delta_range) from the entropy H_t that

@@ -1,5 +1,10 @@
 """`openrlhf-band demo`: GRPO on a CPU in the regime where the clip binds: clip, Clip-Higher, BandPO
-(kl, tv, chi2), DCPO, and one diagnostic ablation, paired from one warm-up checkpoint per seed.
+(kl, tv, chi2; with the entropy-adaptive radius; with a lower floor), DCPO, DPPO (tv, kl), and one
+diagnostic ablation, paired from one warm-up checkpoint per seed.
+
+`make demo` runs DEFAULT_METHODS (clip, band-kl, band-kl-floor, band-kl+clip-low) over 3 seeds x
+80 rollouts, two runs at a time (about 5 min on 2 cores); `--full` every method of METHODS over 5
+seeds; `--quick` clip and band-kl over 1 seed x 15 rollouts.
 
 The task (the "fork" design of ../shared/design/miniature-study.md). A prompt is [BOS, key,
 difficulty]; its one correct response is 6 answer tokens determined by the key. A supervised
@@ -13,7 +18,9 @@ Adam at lr 1e-4: 32 small steps on the same samples, so a token's own earlier up
 ratio and the clip binds (with one epoch, a token's clip is only ever triggered by other tokens'
 updates and every method looks alike). Loss settings as the paper's: seq-mean-token-mean, the k3
 KL loss at 0.001 to the warm-up model, group-normalised advantages; the losses are OpenRLHF's own
-`PolicyLoss` (clip, Clip-Higher) and this project's `BandPolicyLoss` (band, DCPO, the ablation).
+`PolicyLoss` (clip, Clip-Higher) and this project's `BandPolicyLoss` (band, floor, DPPO, DCPO, the
+ablation), each band variant through the loss's own options (lower_floor, adaptive, lower_delta,
+ratio_truncation, upper_cap=None), DCPO and the ablation through bounds_fn.
 
 Metrics, fixed before the runs: mean@32 and pass@32 overall and on hard prompts, computed exactly
 from P(correct response) = prod_t pi(c_t | prompt, c_<t) on 256 fixed evaluation prompts
@@ -42,7 +49,9 @@ import torch
 from torch import Tensor
 
 # Each method is a way to get (lower, upper) ratio bounds from the old log-probs; "clip" kinds run
-# through OpenRLHF's PolicyLoss, the others through BandPolicyLoss (with bounds_fn where needed).
+# through OpenRLHF's PolicyLoss, the others through BandPolicyLoss ("band" and "dppo" with its own
+# options, "dcpo" and the ablation with bounds_fn). A "band" takes DemoConfig's delta (0.05) and cap
+# (10) unless it says otherwise; "lower_floor" F makes each token's lower bound max(r_low, F).
 METHODS = {
     "clip": {"kind": "clip", "eps": (0.2, 0.2)},
     "clip-higher": {"kind": "clip", "eps": (0.2, 0.28)},
@@ -55,8 +64,22 @@ METHODS = {
     "band-kl+clip-low": {"kind": "band-upper-clip-lower", "divergence": "kl", "eps_low": 0.2},
     # the adaptive radius (openrlhf_band/band/adaptive.py): delta_t from each token's entropy
     "band-kl-entropy": {"kind": "band", "divergence": "kl", "adaptive": "entropy"},
+    # the lower floor (--actor.band.lower_floor F): lower bound max(r_low(p), F). Not the ablation:
+    # that one sets the lower bound to 0.8 for every token; the kl band's own r_low (delta 0.05)
+    # exceeds 0.8 for p > 0.751 (0.867 at p = 0.9), where the floor leaves it alone
+    "band-kl-floor-0.5": {"kind": "band", "divergence": "kl", "lower_floor": 0.5},
+    "band-kl-floor-0.7": {"kind": "band", "divergence": "kl", "lower_floor": 0.7},
+    "band-kl-floor": {"kind": "band", "divergence": "kl", "lower_floor": 0.8},
+    "band-kl-floor-0.9": {"kind": "band", "divergence": "kl", "lower_floor": 0.9},
+    "band-kl-entropy-floor": {"kind": "band", "divergence": "kl", "adaptive": "entropy", "lower_floor": 0.8},
+    # DPPO (--actor.band.rule dppo): binary tv / kl trust region with the DPPO authors' radii
+    # (delta_low = delta_high), no cap, no dual clip, the ratio truncation c = 1e4 of their scripts
+    "dppo-tv": {"kind": "dppo", "divergence": "tv", "delta": 0.15, "lower_delta": 0.15, "truncation": 1e4},
+    "dppo-kl": {"kind": "dppo", "divergence": "kl", "delta": 0.05, "lower_delta": 0.05, "truncation": 1e4},
 }
-DEFAULT_METHODS = ["clip", "band-kl", "band-kl+clip-low", "band-kl-entropy"]
+# what `make demo` runs: the clip, the kl band, the kl band with the lower floor 0.8, and the
+# diagnostic ablation the floor is the training form of (4 methods x 3 seeds: about 5 min, 2 workers)
+DEFAULT_METHODS = ["clip", "band-kl", "band-kl-floor", "band-kl+clip-low"]
 BINS = ((0.0, 0.01, "p<0.01"), (0.01, 0.1, "p0.01-0.1"), (0.1, 0.5, "p0.1-0.5"), (0.5, 1.0, "p>=0.5"))
 REPORTED = ("mean@32", "mean@32_hard", "pass@32", "pass@32_hard", "entropy")
 
@@ -227,7 +250,11 @@ def method_bounds(method: str, cfg: DemoConfig):
         eps_low, eps_high = spec["eps"]
         return lambda old: (torch.full_like(old, 1 - eps_low), torch.full_like(old, 1 + eps_high))
     if kind == "band":  # (for the entropy rule the loss reports the per-token bounds it used instead)
-        return functools.partial(band_bounds, divergence=spec["divergence"], delta=cfg.delta, upper_cap=cfg.upper_cap)
+        return functools.partial(band_bounds, divergence=spec["divergence"], delta=cfg.delta, upper_cap=cfg.upper_cap,
+                                 lower_floor=spec.get("lower_floor"))  # fmt: skip
+    if kind == "dppo":
+        return functools.partial(band_bounds, divergence=spec["divergence"], delta=spec["delta"],
+                                 lower_delta=spec["lower_delta"])  # fmt: skip
     if kind == "dcpo":
         return functools.partial(dcpo_bounds, eps_low=spec["eps"][0], eps_high=spec["eps"][1], upper_cap=cfg.upper_cap)
     if kind == "band-upper-clip-lower":
@@ -251,7 +278,12 @@ def make_loss(method: str, cfg: DemoConfig):
         return PolicyLoss(*spec["eps"], **common)
     if spec["kind"] == "band":
         return BandPolicyLoss(divergence=spec["divergence"], delta=cfg.delta, upper_cap=cfg.upper_cap,
-                              adaptive=spec.get("adaptive", "none"), backend="torch", **common)  # fmt: skip
+                              adaptive=spec.get("adaptive", "none"), lower_floor=spec.get("lower_floor"),
+                              backend="torch", **common)  # fmt: skip
+    if spec["kind"] == "dppo":  # as flags.band_loss_kwargs builds it: no cap, no dual clip
+        return BandPolicyLoss(divergence=spec["divergence"], delta=spec["delta"], lower_delta=spec["lower_delta"],
+                              upper_cap=None, ratio_truncation=spec["truncation"], backend="torch",
+                              **common)  # fmt: skip
     return BandPolicyLoss(backend="torch", bounds_fn=method_bounds(method, cfg), **common)
 
 
@@ -317,6 +349,7 @@ def train_method(method: str, seed: int, warm_state: dict, cfg: DemoConfig) -> l
     n, g = cfg.prompts_per_rollout, cfg.samples_per_prompt
     rows = [{"method": method, "seed": seed, "step": 0, **evaluate(actor, eval_prompts, eval_hard, cfg)}]
     stats, clip_fracs = ClipStats(), []
+    band_fracs = {"floor_frac": [], "truncated_frac": []}  # what the floor / the truncation did, if on
     for step in range(1, cfg.rollouts + 1):
         prompts, _ = sample_prompts(n, cfg, gen)
         sequences = sample_responses(actor, prompts, g, cfg, gen)
@@ -350,9 +383,17 @@ def train_method(method: str, seed: int, warm_state: dict, cfg: DemoConfig) -> l
                 used = getattr(loss_fn, "last_bounds", None) or (lower[idx], upper[idx])
                 stats.add(old[idx], log_probs.detach(), adv[idx].expand_as(log_probs), action_mask[idx], *used)
                 clip_fracs.append(clip_ratio.item())
+                metrics = getattr(loss_fn, "band_metrics", {})
+                for name, key in (("floor_frac", "band/clip_frac_floor"), ("truncated_frac", "band/truncated_frac")):
+                    if key in metrics:
+                        band_fracs[name].append(metrics[key].item())
         if step % cfg.eval_every == 0:
             row = {"method": method, "seed": seed, "step": step, **evaluate(actor, eval_prompts, eval_hard, cfg)}
             row["clip_frac"] = statistics.fmean(clip_fracs)
+            for name, values in band_fracs.items():
+                if values:
+                    row[name] = statistics.fmean(values)
+                    values.clear()
             row.update(stats.rates())  # cumulative over training so far
             rows.append(row)
             clip_fracs = []
@@ -446,8 +487,25 @@ def pooled_clip_rates(rows: list[dict], method: str) -> dict[str, float]:
     return out
 
 
+def _paired_block(rows: list[dict], methods: list[str], baseline: str, steps: list[tuple[str, list[int]]]):
+    """Lines of paired differences (method - baseline), mean +- sd over seeds, one row per method and step."""
+    lines = [f"{'method':<{W}}{'step':>7}" + "".join(f"{k:>18}" for k in REPORTED)]
+    for method in methods:
+        for label, at in steps:
+            cells = []
+            for key in REPORTED:
+                mean, sd, _ = paired_differences(rows, method, key, at, baseline=baseline)
+                cells.append(f"{mean:+.3f} +- {sd:.3f}" if not math.isnan(sd) else f"{mean:+.3f}")
+            lines.append(f"{method:<{W}}{label:>7}" + "".join(f"{c:>18}" for c in cells))
+    return lines
+
+
+W = 23  # the method column: the longest name, band-kl-entropy-floor, and two spaces
+
+
 def format_summary(rows: list[dict], cfg: DemoConfig, start: dict, mechanism: dict | None) -> str:
     early, middle, final = cfg.early_middle_final()
+    steps = [(str(early), [early]), (str(middle), [middle]), ("final", final)]
     seeds = len({r["seed"] for r in rows})
     lines = [
         f"CPU GRPO demo: {seeds} seeds x {cfg.rollouts} rollouts, methods {', '.join(cfg.methods)}",
@@ -456,40 +514,37 @@ def format_summary(rows: list[dict], cfg: DemoConfig, start: dict, mechanism: di
         f"p = {start['p_fork_hard']:.3f}",
         "",
         "absolute values (mean over seeds), final = mean of the last three evaluations:",
-        f"{'method':<18}" + "".join(f"{k:>14}" for k in REPORTED) + f"{'clip frac':>11}",
+        f"{'method':<{W}}" + "".join(f"{k:>14}" for k in REPORTED) + f"{'clip frac':>11}",
     ]
     for method in cfg.methods:
         finals = [r for r in rows if r["method"] == method and r["step"] in final]
         values = [statistics.fmean(r[k] for r in finals) for k in REPORTED]
         clip = statistics.fmean(r["clip_frac"] for r in rows if r["method"] == method and r["step"] > 0)
-        lines.append(f"{method:<18}" + "".join(f"{v:>14.3f}" for v in values) + f"{clip:>11.3f}")
+        lines.append(f"{method:<{W}}" + "".join(f"{v:>14.3f}" for v in values) + f"{clip:>11.3f}")
     if "clip" in cfg.methods:
         lines += ["", f"paired differences to clip, mean +- sd over {seeds} seeds (same seed, checkpoint, prompts):"]
-        header = f"{'method':<18}{'step':>7}" + "".join(f"{k:>18}" for k in REPORTED)
-        lines.append(header)
-        for method in cfg.methods:
-            if method == "clip":
-                continue
-            for label, steps in ((str(early), [early]), (str(middle), [middle]), ("final", final)):
-                cells = []
-                for key in REPORTED:
-                    mean, sd, _ = paired_differences(rows, method, key, steps)
-                    cells.append(f"{mean:+.3f} +- {sd:.3f}" if not math.isnan(sd) else f"{mean:+.3f}")
-                lines.append(f"{method:<18}{label:>7}" + "".join(f"{c:>18}" for c in cells))
-    if {"band-kl", "band-kl-entropy"} <= set(cfg.methods):
-        lines += ["", "the entropy rule against the constant kl band (band-kl-entropy - band-kl, paired):"]
-        lines.append(f"{'step':>7}" + "".join(f"{k:>18}" for k in REPORTED))
-        for label, steps in ((str(early), [early]), (str(middle), [middle]), ("final", final)):
-            cells = []
-            for key in REPORTED:
-                mean, sd, _ = paired_differences(rows, "band-kl-entropy", key, steps, baseline="band-kl")
-                cells.append(f"{mean:+.3f} +- {sd:.3f}" if not math.isnan(sd) else f"{mean:+.3f}")
-            lines.append(f"{label:>7}" + "".join(f"{c:>18}" for c in cells))
+        lines += _paired_block(rows, [m for m in cfg.methods if m != "clip"], "clip", steps)
+    others = [m for m in cfg.methods if m not in ("clip", "band-kl")]
+    if "band-kl" in cfg.methods and others:
+        lines += ["", "paired differences to the constant kl band (method - band-kl), mean +- sd over seeds:"]
+        lines += _paired_block(rows, others, "band-kl", steps)
     lines += ["", "clip rates per old-probability bin over all of training (upper among A > 0 | lower among A < 0):"]
-    lines.append(f"{'method':<18}" + "".join(f"{name:>18}" for *_, name in BINS))
+    lines.append(f"{'method':<{W}}" + "".join(f"{name:>18}" for *_, name in BINS))
     for method in cfg.methods:
         rates = pooled_clip_rates(rows, method)
-        lines.append(f"{method:<18}" + "".join(f"{f'{u:.2f} | {lo:.2f}':>18}" for u, lo in rates.values()))
+        lines.append(f"{method:<{W}}" + "".join(f"{f'{u:.2f} | {lo:.2f}':>18}" for u, lo in rates.values()))
+    extra = [m for m in cfg.methods if METHODS[m].get("lower_floor") or METHODS[m]["kind"] == "dppo"]
+    if extra:
+        lines += ["", "share of all tokens over training clipped below by the floor alone (r_low <= r < F), and, "
+                  "under DPPO, inside the band with the weight min(r, c) truncated to c:"]  # fmt: skip
+        for method in extra:
+            cells = []
+            for key in ("floor_frac", "truncated_frac"):
+                values = [r[key] for r in rows if r["method"] == method and r["step"] > 0 and key in r]
+                values = [v for v in values if not math.isnan(v)]
+                if values:
+                    cells.append(f"{key} {statistics.fmean(values):.4f}")
+            lines.append(f"{method:<{W}}" + "   ".join(cells))
     if mechanism:
         lines += ["", format_mechanism(mechanism)]
     return "\n".join(lines)
@@ -504,12 +559,14 @@ def plot(rows: list[dict], cfg: DemoConfig, path: Path) -> None:
     panels = [("mean@32", "mean@32"), ("mean@32_hard", "mean@32, hard prompts"), ("pass@32", "pass@32"),
               ("entropy", "token entropy (nats)")]  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
-    for method in cfg.methods:
+    palette = plt.get_cmap("tab10").colors  # past ten methods the colours repeat, dashed
+    for i, method in enumerate(cfg.methods):
         steps = sorted({r["step"] for r in rows if r["method"] == method})
         for ax, (key, label) in zip(axes, panels):
             per_step = [[r[key] for r in rows if r["method"] == method and r["step"] == s] for s in steps]
             mean = [statistics.fmean(v) for v in per_step]
-            line = ax.plot(steps, mean, label=method)[0]
+            style = {"color": palette[i % 10], "linestyle": "-" if i < 10 else "--"}
+            line = ax.plot(steps, mean, label=method, **style)[0]
             if len(per_step[0]) > 1:
                 sd = [statistics.stdev(v) for v in per_step]
                 ax.fill_between(steps, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],
@@ -564,6 +621,16 @@ def _warm_job(args) -> Path:
     return warm_checkpoint(cfg, seed)
 
 
+def _write_csv(rows: list[dict], path: Path) -> None:
+    fieldnames = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("method", "seed", "step"), k))
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
 def run(cfg: DemoConfig) -> dict:
     import multiprocessing
 
@@ -580,17 +647,13 @@ def run(cfg: DemoConfig) -> dict:
         with tqdm(total=len(jobs), desc="runs (method x seed)") as bar:
             for result in pool.imap_unordered(_job, jobs):
                 rows += result
+                rows.sort(key=lambda r: (cfg.methods.index(r["method"]), r["seed"], r["step"]))
+                _write_csv(rows, out / "metrics.csv")  # after every run: a late failure loses nothing
                 bar.update(1)
-    rows.sort(key=lambda r: (cfg.methods.index(r["method"]), r["seed"], r["step"]))
     starts = [r for r in rows if r["step"] == 0 and r["method"] == cfg.methods[0]]
     start = {k: statistics.fmean(r[k] for r in starts) for k in ("mean@32", "mean@32_hard", "pass@32", "entropy",
                                                                  "p_fork_hard")}  # fmt: skip
     mechanism = mechanism_check(cfg, torch.load(warm_checkpoint(cfg, 0), weights_only=True))
-    fieldnames = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("method", "seed", "step"), k))
-    with (out / "metrics.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fieldnames)
-        writer.writeheader()
-        writer.writerows(rows)
     plot(rows, cfg, out / "curves.png")
     text = format_summary(rows, cfg, start, mechanism)
     (out / "summary.txt").write_text(text + "\n")

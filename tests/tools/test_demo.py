@@ -1,5 +1,6 @@
-"""The CPU demo: a quick run end to end, the mechanism it is built around, and its bookkeeping (the
-paired differences and the per-bin clip rates) against hand computations."""
+"""The CPU demo: a quick run end to end, the mechanism it is built around, its bookkeeping (the
+paired differences and the per-bin clip rates) against hand computations, and the lower-floor and
+DPPO methods: each runs, the floor's bounds are >= F, DPPO has no cap."""
 
 from __future__ import annotations
 
@@ -118,6 +119,87 @@ def test_clip_stats_count_each_bin_and_side_under_the_given_bounds():
     assert rates["clip_up_p>=0.5"] == 0.0 and math.isnan(rates["clip_low_p>=0.5"])
 
 
+NEW_METHODS = ("band-kl-floor", "band-kl-floor-0.5", "band-kl-floor-0.7", "band-kl-floor-0.9",
+               "band-kl-entropy-floor", "dppo-tv", "dppo-kl")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def warm_state(quick):
+    """The quick run's warm-up checkpoint (seed 0): the rare fork token, so the groups have signal."""
+    return torch.load(demo.warm_checkpoint(demo.DemoConfig(out=str(quick)), 0), weights_only=True)
+
+
+@pytest.mark.parametrize("method", NEW_METHODS)
+def test_new_methods_run_two_rollouts_from_the_quick_checkpoint(method, warm_state):
+    cfg = demo.DemoConfig(rollouts=2, eval_every=1, eval_prompts=64)
+    rows = demo.train_method(method, 0, warm_state, cfg)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        for key in demo.REPORTED:
+            assert math.isfinite(r[key]), (key, r)
+    assert rows[2]["mean@32"] != rows[0]["mean@32"]  # it trained
+    spec = demo.METHODS[method]
+    # the loss's own metrics land in the rows: the floor's clips, DPPO's truncations
+    assert ("floor_frac" in rows[2]) == ("lower_floor" in spec)
+    assert ("truncated_frac" in rows[2]) == (spec["kind"] == "dppo")
+    for key in ("floor_frac", "truncated_frac"):
+        assert key not in rows[2] or 0.0 <= rows[2][key] <= 1.0
+
+
+def _old_log_probs() -> torch.Tensor:
+    """(2, 8) old log-probs from rare to near-certain tokens."""
+    p = torch.tensor([[0.001, 0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 0.95]] * 2)
+    return p.log()
+
+
+@pytest.mark.parametrize("method", [m for m in demo.METHODS if demo.METHODS[m].get("lower_floor")])
+def test_floor_methods_lower_bounds_are_at_least_the_floor(method):
+    cfg = demo.DemoConfig()
+    floor = demo.METHODS[method]["lower_floor"]
+    loss_fn = demo.make_loss(method, cfg)
+    assert loss_fn.lower_floor == floor
+    old = _old_log_probs()
+    new = old + torch.log(torch.tensor([[0.45] * 8, [1.05] * 8]))  # row 0 fell below every floor
+    adv = torch.tensor([[-1.0], [1.0]])
+    extra = {"entropy": torch.full_like(old, 0.5)} if loss_fn.needs_entropy else {}
+    loss_fn(new, old, adv, action_mask=torch.ones_like(old), **extra)
+    lower, upper = loss_fn.last_bounds  # what ClipStats counts against
+    assert (lower >= floor).all()
+    band_lower, _ = band_bounds(old, "kl", cfg.delta, upper_cap=cfg.upper_cap)
+    if not loss_fn.needs_entropy:  # the constant radius: the band's bounds with the floor, exactly
+        assert torch.equal(lower, band_lower.clamp(min=floor))
+        ref_lower, ref_upper = demo.method_bounds(method, cfg)(old)
+        assert torch.equal(lower, ref_lower) and torch.equal(upper, ref_upper)
+    # the floor is max(r_low, F), not the ablation's F for every token: it keeps the band's own
+    # lower bound where that is above F (kl, delta 0.05: r_low > 0.8 for p > 0.751, 0.867 at p = 0.9)
+    assert (lower > floor).any() or floor >= 0.9
+    assert loss_fn.band_metrics["band/clip_frac_floor"].item() > 0.0  # r = 0.45 is inside the band for rare p
+
+
+def test_the_kl_floor_numbers_the_comments_quote():
+    p = torch.tensor([0.75, 0.7515, 0.9], dtype=torch.float64)
+    lower, _ = band_bounds(p.log(), "kl", 0.05)
+    assert lower[0] < 0.8 < lower[1] and lower[2].item() == pytest.approx(0.867, abs=5e-4)
+    ablation, _ = demo.method_bounds("band-kl+clip-low", demo.DemoConfig())(p.log())
+    floored, _ = demo.method_bounds("band-kl-floor", demo.DemoConfig())(p.log())
+    assert torch.equal(ablation, torch.full_like(ablation, 0.8)) and floored[2] > 0.86
+
+
+@pytest.mark.parametrize("method", ["dppo-tv", "dppo-kl"])
+def test_dppo_methods_have_no_cap_and_truncate(method):
+    spec = demo.METHODS[method]
+    loss_fn = demo.make_loss(method, demo.DemoConfig())
+    assert loss_fn.upper_cap is None and loss_fn.dual_clip is None
+    assert loss_fn.ratio_truncation == 1e4 and loss_fn.delta == loss_fn.lower_delta == spec["delta"]
+    old = _old_log_probs()
+    loss_fn(old + 0.01, old, torch.ones(2, 1), action_mask=torch.ones_like(old))
+    lower, upper = loss_fn.last_bounds
+    ref_lower, ref_upper = band_bounds(old, spec["divergence"], spec["delta"])  # no cap
+    assert torch.equal(upper, ref_upper) and torch.equal(lower, ref_lower)
+    assert upper[0, 0] > 10.0  # p = 0.001: above the band methods' cap of 10
+    assert "band/truncated_frac" in loss_fn.band_metrics
+
+
 def test_presets():
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
@@ -125,5 +207,6 @@ def test_presets():
     assert (full.seeds, full.rollouts, full.methods) == (5, 80, list(demo.METHODS))
     default = demo.config_from_args(parser.parse_args([]))
     assert default.methods == demo.DEFAULT_METHODS and default.workers == 2
+    assert len(default.methods) == 4 and {"clip", "band-kl", "band-kl-floor"} <= set(default.methods)  # ~5 min
     with pytest.raises(ValueError):
         demo.config_from_args(parser.parse_args(["--full", "--quick"]))
