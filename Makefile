@@ -71,8 +71,8 @@ lint: $(STAMP)
 	$(VENV)/bin/hadolint Dockerfile
 	$(VENV)/bin/shellcheck -x $(SHELL_SCRIPTS)
 
-# The CPU demo: GRPO where the clip binds, clip vs the kl band, its ablation and the entropy rule,
-# paired over 3 seeds from one warm-up checkpoint each (out/demo/; --full: every method, 5 seeds).
+# The CPU demo: GRPO where the clip binds, clip, the kl band, the kl band with the lower floor 0.8 and
+# its ablation, paired over 3 seeds from one warm-up checkpoint each (out/demo/; --full: every method, 5 seeds).
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/openrlhf-band demo --out out/demo
 
