@@ -52,21 +52,20 @@ BAND_RULES = ("trust_region", "dcpo", "dppo")
 #: which a verl user who does not pass clip_ratio_c gets as DPPO's truncation.
 DPPO_DEFAULT_TRUNCATION = 1e4
 DPPO_DIVERGENCES = ("tv", "kl")
+# the flag of each band option, as error messages name it (two have short aliases users type)
+_SHORT_FLAGS = {"divergence": "--band_divergence", "delta": "--band_delta"}
+_ADAPTIVE_KEYS = ("adaptive", "entropy_power", "delta_range", "target_entropy", "controller_rate")
+
+
+def _flags(*keys: str) -> dict[str, str]:
+    return {key: _SHORT_FLAGS.get(key, f"--actor.band.{key}") for key in keys}
+
+
 # the trust region's own knobs: they mean nothing to DCPO's rule, so with it they are refused
-TRUST_REGION_ONLY = {
-    "divergence": "--band_divergence", "delta": "--band_delta", "relax": "--actor.band.relax",
-    "adaptive": "--actor.band.adaptive", "entropy_power": "--actor.band.entropy_power",
-    "delta_range": "--actor.band.delta_range", "target_entropy": "--actor.band.target_entropy",
-    "controller_rate": "--actor.band.controller_rate",
-}  # fmt: skip
+TRUST_REGION_ONLY = _flags("divergence", "delta", "relax", *_ADAPTIVE_KEYS)
 # the flags DPPO's rule cannot take: its mask has no cap, no relax, no floor and no adaptive radius
-DPPO_REFUSED = {
-    "upper_cap": "--actor.band.upper_cap", "relax": "--actor.band.relax", "lower_floor": "--actor.band.lower_floor",
-    "adaptive": "--actor.band.adaptive", "entropy_power": "--actor.band.entropy_power",
-    "delta_range": "--actor.band.delta_range", "target_entropy": "--actor.band.target_entropy",
-    "controller_rate": "--actor.band.controller_rate",
-}  # fmt: skip
-DPPO_ONLY = {"delta_low_high": "--actor.band.delta_low_high", "dppo_truncation": "--actor.band.dppo_truncation"}
+DPPO_REFUSED = _flags("upper_cap", "relax", "lower_floor", *_ADAPTIVE_KEYS)
+DPPO_ONLY = _flags("delta_low_high", "dppo_truncation")
 
 
 def _lower_floor(text: str) -> float:
