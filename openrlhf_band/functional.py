@@ -288,9 +288,7 @@ def band_token_loss(
     # on both backends, also when `bounds` replace the band
     band_options = dict(lower_floor=lower_floor, lower_delta=lower_delta)
     if isinstance(delta, Tensor):
-        validate_band(divergence, 1.0, upper_cap, relax, **band_options)
-        if lower_delta is not None:
-            raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
+        validate_band(divergence, 1.0, upper_cap, relax, **band_options, delta_is_tensor=True)
         delta = _delta_view(delta, log_probs)
     else:
         validate_band(divergence, delta, upper_cap, relax, **band_options)

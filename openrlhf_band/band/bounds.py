@@ -80,16 +80,21 @@ def validate_band(
     *,
     lower_floor: float | None = None,
     lower_delta: float | None = None,
+    delta_is_tensor: bool = False,
 ) -> tuple[Divergence, float]:
     """The band's options checked once for every caller: (the divergence, delta as a float), or a
     ValueError that says what is wrong (unknown divergence, delta or lower_delta not a positive
     finite number, a cap below 1, a relax that is not a pair of finite numbers >= 0 with
-    eps_low <= 1, a lower floor that is not a number strictly between 0 and 1)."""
+    eps_low <= 1, a lower floor that is not a number strictly between 0 and 1, lower_delta with a
+    per-token radius). `delta_is_tensor`: the caller's radius is a tensor (it passes a stand-in
+    number as `delta`; the tensor is checked per token where it is used)."""
     div = get_divergence(divergence)
     if lower_floor is not None:
         validate_lower_floor(lower_floor)
     if lower_delta is not None and not is_positive_finite_number(lower_delta):
         raise ValueError(f"lower_delta must be a positive finite number (the lower root's radius), got {lower_delta!r}")
+    if lower_delta is not None and delta_is_tensor:
+        raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
     if not is_real_number(delta):
         raise ValueError(f"delta must be a positive finite number, got {delta!r}")
     delta = float(delta)
@@ -735,9 +740,8 @@ def _unmoved_bounds(old_log_probs, divergence, delta, upper_cap, relax, lower_fl
     after validating every option; and the input's shape."""
     per_token = isinstance(delta, Tensor)
     if per_token:
-        div, _ = validate_band(divergence, 1.0, upper_cap, relax, lower_floor=lower_floor, lower_delta=lower_delta)
-        if lower_delta is not None:
-            raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
+        div, _ = validate_band(divergence, 1.0, upper_cap, relax, lower_floor=lower_floor, lower_delta=lower_delta,
+                               delta_is_tensor=True)  # fmt: skip
     else:
         div, delta = validate_band(divergence, delta, upper_cap, relax, lower_floor=lower_floor,
                                    lower_delta=lower_delta)  # fmt: skip
