@@ -200,7 +200,12 @@ class FusedLinearLogprobsFunction(torch.autograd.Function):
             # d W is summed in the weight's own dtype, as Liger-Kernel's fused linear cross-entropy does: a
             # float32 accumulator (4 V H bytes: 544 MB at V = 152k, H = 896) would cost more than the chunk
             # (under autocast, fp32 weights: summed in fp32, their own dtype)
-            grad_weight = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device) if need_weight else None
+            # (one chunk: the GEMM below writes it whole, no buffer to zero)
+            single_chunk = 0 < num_tokens <= chunk
+            grad_weight = (
+                torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
+                if need_weight and not single_chunk else None
+            )  # fmt: skip
             grad_bias = torch.zeros(bias.shape, dtype=compute_dtype, device=bias.device) if need_bias else None
             # d hidden = da @ W runs in the logits dtype, as the lm_head GEMM's own backward does
             # (under autocast that is a copy of an fp32 weight, made once, not per chunk).
@@ -239,7 +244,7 @@ class FusedLinearLogprobsFunction(torch.autograd.Function):
                     # roundings for k chunks where autograd rounds once; with one chunk, autograd's GEMM).
                     # The hidden rows are those the lm_head GEMM saw (autocast may have rounded them).
                     hidden_seen = hidden[start:end].to(logits_dtype)
-                    if start == 0 and end == num_tokens:
+                    if single_chunk:
                         grad_weight = grad_model_logits.t() @ hidden_seen
                     elif grad_weight.dtype == logits_dtype:
                         grad_weight.addmm_(grad_model_logits.t(), hidden_seen)
