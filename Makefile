@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv test unit e2e lint demo bench clean
+.PHONY: venv e2e-venv learn-checkpoint test unit e2e lint demo bench clean
 
 venv: $(STAMP)
 
@@ -52,6 +52,12 @@ $(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py $(PAT
 	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(E2E_VENV)/bin/openrlhf-band patch apply
 	touch $(E2E_STAMP)
+
+# The learning study's warm-up checkpoint (tests/e2e/warmup.sh: OpenRLHF's own train_sft on the fork
+# task, about 5 min); rebuilt only when tests/e2e/learn_task.py's TASK_VERSION changes.
+LEARN_DIR ?= $(E2E_VENV)/learn
+learn-checkpoint: $(E2E_STAMP)
+	bash tests/e2e/warmup.sh $(LEARN_DIR)
 
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more. `make test` = lint + the unit suite + the end-to-end tests.

@@ -57,11 +57,11 @@ fi
 
 # Every process of this run (cluster daemons, Ray workers, vLLM's engine process) inherits RUN_ID
 # in its environment; cleanup stops exactly those, never another Ray cluster on the machine.
-RUN_ID="e2e-$$-$RANDOM$RANDOM"
+RUN_ID="${E2E_RUN_ID:-e2e-$$-$RANDOM$RANDOM}"  # learn.sh passes its own, to watch the run's memory
 RAY_TMP="$(mktemp -d /tmp/e2e-ray-XXXXXX)"  # short: Ray's socket paths must fit in 107 bytes
 # shellcheck disable=SC2329  # called from the EXIT trap
-run_pids() {
-  grep -lsz "^E2E_RUN_ID=$RUN_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true
+run_pids() {  # never this script itself: learn.sh starts it with E2E_RUN_ID in its environment
+  grep -lsz "^E2E_RUN_ID=$RUN_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$" || true
 }
 # shellcheck disable=SC2329  # the EXIT trap
 cleanup() {

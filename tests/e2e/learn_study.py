@@ -1,0 +1,188 @@
+"""The learning study through the real train_ppo_ray: clip, Clip-Higher, band-kl, band-kl with the
+lower floor 0.8 and DPPO-TV, paired seeds from one warm-up checkpoint (tests/e2e/learn.sh each).
+
+    python tests/e2e/learn_study.py run --seeds 3 --out out/learn-study      (make learn-study)
+    python tests/e2e/learn_study.py report --out out/learn-study --docs docs/learn_study
+
+`run` calls learn.sh once per (seed, method), seed by seed so that a stopped study still holds whole
+pairs, and skips runs whose summary.json exists. Pairing: every method of a seed starts from the
+same checkpoint with the same --train.seed, so the same prompt order and, until the policies
+differ, the same vLLM sampling noise. `report` writes summary.txt (final held-out reward and entropy,
+paired differences to clip, mean +- sd over seeds), steps.csv (every run's per-step train_ppo_ray
+metrics and its held-out eval curve) and curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LEARN_SH = ROOT / "tests" / "e2e" / "learn.sh"
+
+# method -> train_ppo_ray flags (on top of learn.sh's); the band family's chosen floor is 0.8
+# (docs/band_family.md), DPPO-TV takes the DPPO authors' radius 0.15 and truncation 1e4 (the default)
+METHODS = {
+    "clip": ["--actor.eps_clip_low_high", "0.2", "0.2"],
+    "clip-higher": ["--actor.eps_clip_low_high", "0.2", "0.28"],
+    "band-kl": ["--loss", "band", "--band_divergence", "kl"],
+    "band-kl-floor": ["--loss", "band", "--band_divergence", "kl", "--actor.band.lower_floor", "0.8"],
+    "dppo-tv": ["--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv", "--band_delta", "0.15"],
+}
+SEED0 = 42  # train.sh's --train.seed; seed i of the study is SEED0 + i
+# per-step columns of steps.csv: (csv name, TensorBoard tag)
+STEP_COLUMNS = [
+    ("rollout_reward", "train/rollout/reward_mean"),
+    ("heldout_pass1", "eval/eval_default_pass1"),
+    ("clip_ratio", "train/ppo_clip_ratio"),
+    ("clip_frac_lower", "train/band/clip_frac_lower"),
+    ("clip_frac_upper", "train/band/clip_frac_upper"),
+    ("clip_frac_floor", "train/band/clip_frac_floor"),
+    ("policy_kl", "train/ppo_kl"),
+    ("ref_kl", "train/kl"),
+    ("step_seconds", "train/timing/step_total"),
+]
+FINAL_KEYS = ("mean_reward", "p_correct", "p_fork_hard", "entropy")
+
+
+def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
+    failed = []
+    for seed in range(seeds):
+        for method in methods:
+            run_dir = out / method / f"seed{seed}"
+            if (run_dir / "summary.json").exists():
+                continue
+            args = ["bash", str(LEARN_SH), str(run_dir), *METHODS[method], "--train.seed", str(SEED0 + seed)]
+            print(f"[study] {method} seed {seed}: {' '.join(args[3:])}", flush=True)
+            env = {"LEARN_STEPS": str(steps)}
+            proc = subprocess.run(args, env={**os.environ, **env})
+            if proc.returncode != 0:
+                failed.append((method, seed))
+                print(f"[study] FAILED: {method} seed {seed} (exit {proc.returncode}); see {run_dir}", flush=True)
+    return 1 if failed else 0
+
+
+def load(out: Path) -> dict[str, dict[int, dict]]:
+    runs: dict[str, dict[int, dict]] = {}
+    for method in METHODS:
+        for summary in sorted((out / method).glob("seed*/summary.json")):
+            runs.setdefault(method, {})[int(summary.parent.name[4:])] = json.loads(summary.read_text())
+    return runs
+
+
+def _mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{statistics.fmean(values):+.3f} +- {sd:.3f}"
+
+
+def report(out: Path, docs: Path, command: str) -> str:
+    runs = load(out)
+    if "clip" not in runs:
+        sys.exit(f"no clip runs under {out}: run the study first")
+    docs.mkdir(parents=True, exist_ok=True)
+    some = next(iter(runs["clip"].values()))
+    before = some["before"]
+    lines = [
+        f"command: {command}",
+        f"checkpoint (held-out, 128 prompts x {before['samples_per_prompt']} samples at T=1): mean_reward "
+        f"{before['mean_reward']:.3f}, p_correct {before['p_correct']:.3f}, p_fork_hard {before['p_fork_hard']:.3f}, "
+        f"entropy {before['entropy']:.3f} nats",
+        f"steps per run: {some['steps']}; seeds per method: "
+        + ", ".join(f"{m} {len(s)}" for m, s in runs.items()),
+        "",
+        "final (after the last step), mean +- sd over seeds:",
+        f"{'method':<15}" + "".join(f"{k:>20}" for k in FINAL_KEYS) + f"{'s/step':>9}{'peak GiB':>10}",
+    ]
+    for method, by_seed in runs.items():
+        cells = [_mean_sd([s["after"][k] for s in by_seed.values()]).replace("+-", "±") for k in FINAL_KEYS]
+        sps = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
+        peak = max(s["peak_pss_gib"] or 0 for s in by_seed.values())
+        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"{sps:>9.2f}{peak:>10.1f}")
+    lines += ["", "rise over the checkpoint (after - before), mean +- sd over seeds:"]
+    for method, by_seed in runs.items():
+        cells = [_mean_sd([s["after"][k] - s["before"][k] for s in by_seed.values()]) for k in FINAL_KEYS]
+        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells))
+    lines += ["", "paired difference to clip (same seed), mean +- sd over the paired seeds:"]
+    for method, by_seed in runs.items():
+        if method == "clip":
+            continue
+        seeds = sorted(set(by_seed) & set(runs["clip"]))
+        if not seeds:
+            continue
+        cells = [_mean_sd([by_seed[i]["after"][k] - runs["clip"][i]["after"][k] for i in seeds]) for k in FINAL_KEYS]
+        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"   ({len(seeds)} pairs)")
+    text = "\n".join(lines) + "\n"
+    (docs / "summary.txt").write_text(text)
+    _write_steps(runs, docs / "steps.csv")
+    _plot(runs, docs / "curves.png")
+    return text
+
+
+def _write_steps(runs: dict[str, dict[int, dict]], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "seed", "step", *(name for name, _ in STEP_COLUMNS)])
+        for method, by_seed in runs.items():
+            for seed, s in sorted(by_seed.items()):
+                for step in range(1, s["steps"] + 1):
+                    row = [s["metrics"].get(tag, {}).get(str(step)) for _, tag in STEP_COLUMNS]
+                    writer.writerow([method, seed, step, *("" if v is None else f"{v:.6g}" for v in row)])
+
+
+def _plot(runs: dict[str, dict[int, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    panels = [("eval/eval_default_pass1", "held-out exact match (OpenRLHF eval, 4 samples, T=1)"),
+              ("train/rollout/reward_mean", "rollout reward (exact match)"),
+              ("train/ppo_clip_ratio", "clipped token fraction")]  # fmt: skip
+    for ax, (tag, title) in zip(axes, panels):
+        for i, (method, by_seed) in enumerate(runs.items()):
+            steps = sorted({int(k) for s in by_seed.values() for k in s["metrics"].get(tag, {})})
+            if tag.startswith("eval/"):
+                steps = [0, *steps]
+            ys = []
+            for step in steps:
+                vals = [s["before"]["mean_reward"] if step == 0 else s["metrics"][tag].get(str(step))
+                        for s in by_seed.values()]  # fmt: skip
+                vals = [v for v in vals if v is not None]
+                ys.append(statistics.fmean(vals) if vals else float("nan"))
+            ax.plot(steps, ys, label=method, color=f"C{i}", marker="o" if tag.startswith("eval/") else None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("train_ppo_ray step")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("GRPO through train_ppo_ray from the train_sft warm-up checkpoint (mean over seeds)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--seeds", type=int, default=3)
+    r.add_argument("--steps", type=int, default=20)
+    r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    r.add_argument("--out", type=Path, default=Path("out/learn-study"))
+    p = sub.add_parser("report")
+    p.add_argument("--out", type=Path, default=Path("out/learn-study"))
+    p.add_argument("--docs", type=Path, default=Path("docs/learn_study"))
+    p.add_argument("--command-line", default="make learn-study", help="the command recorded in summary.txt")
+    args = parser.parse_args()
+    if args.command == "run":
+        return run(args.out, args.seeds, args.methods, args.steps)
+    print(report(args.out, args.docs, args.command_line), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

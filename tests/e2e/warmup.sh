@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The learning study's warm-up checkpoint, made by OpenRLHF itself: the real
+# `python -m openrlhf.cli.train_sft` (DeepSpeed over gloo, one rank, through the test-only CPU shim)
+# fits the noisy fork-task data of tests/e2e/learn_task.py into a tiny random Qwen2.
+#
+#   bash tests/e2e/warmup.sh DIR      (make learn-checkpoint: DIR = .venv-e2e/learn)
+#
+# Writes DIR/base (the random model and the tokenizer), DIR/{sft,train,heldout}.jsonl, DIR/reward.py,
+# DIR/checkpoint (the Hugging Face model train_sft saves), DIR/sft.log, DIR/checkpoint_eval.json (the
+# checkpoint's own held-out numbers) and, last, DIR/VERSION: a DIR whose VERSION equals
+# learn_task.TASK_VERSION is complete and is reused. Deterministic: fixed seeds, one rank.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DIR="${1:?usage: bash tests/e2e/warmup.sh DIR}"
+VENV="$ROOT/.venv-e2e"
+PY="$VENV/bin/python"
+VERSION="$(sed -n 's/^TASK_VERSION = "\(.*\)"$/\1/p' "$ROOT/tests/e2e/learn_task.py")"
+
+if [[ "$(cat "$DIR/VERSION" 2>/dev/null)" == "$VERSION" ]]; then
+  echo "[warmup] $DIR is current (task version $VERSION)" >&2
+  exit 0
+fi
+rm -rf "$DIR"
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+echo "[warmup] task, tokenizer and random model in $DIR" >&2
+"$PY" "$ROOT/tests/e2e/learn_task.py" "$DIR" > "$DIR/task.log" 2>&1 || { cat "$DIR/task.log" >&2; exit 1; }
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# One rank, the variables DeepSpeed's launcher would set; the shim makes OpenRLHF's CUDA calls CPU ones.
+export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/tests/e2e/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
+MASTER_PORT="$(free_port)"
+export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT
+export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions" GLOO_SOCKET_IFNAME=lo TOKENIZERS_PARALLELISM=false
+echo "[warmup] python -m openrlhf.cli.train_sft (log: $DIR/sft.log)" >&2
+start=$SECONDS
+if ! "$PY" -m openrlhf.cli.train_sft \
+    --model.model_name_or_path "$DIR/base" \
+    --data.dataset "$DIR/sft.jsonl" --data.input_key prompt --data.output_key response \
+    --data.apply_chat_template --data.max_len 64 \
+    --train.batch_size 128 --train.micro_batch_size 128 --train.max_epochs 1 --train.seed 42 \
+    --adam.lr 3e-3 --lr_warmup_ratio 0.03 --min_lr_ratio 0.1 \
+    --ds.zero_stage 2 --ds.param_dtype bf16 --ds.attn_implementation sdpa \
+    --ckpt.output_dir "$DIR/checkpoint" --ckpt.path "$DIR/ckpt" --ckpt.disable_ds \
+    --logger.logging_steps 20 > "$DIR/sft.log" 2>&1; then
+  echo "[warmup] FAILED: train_sft; last lines of $DIR/sft.log:" >&2
+  tail -n 30 "$DIR/sft.log" >&2
+  exit 1
+fi
+echo "[warmup] train_sft done in $((SECONDS - start)) s; the checkpoint's held-out numbers" >&2
+"$PY" "$ROOT/tests/e2e/learn_eval.py" eval --task "$DIR" --model "$DIR/checkpoint" --out "$DIR/checkpoint_eval.json" >&2
+echo "$VERSION" > "$DIR/VERSION"
