@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint test unit e2e lint demo bench clean
+.PHONY: venv e2e-venv learn-checkpoint learn-study test unit e2e lint demo bench clean
 
 venv: $(STAMP)
 
@@ -24,10 +24,11 @@ PATCH_SET := $(wildcard openrlhf_band/integration/patches/openrlhf-0.11.2/*)
 # ships top-level `tests` and `scripts` packages that must not shadow ours.
 VERL_TRUTH := $(VENV)/ground-truth/verl-0.9.1
 
-$(STAMP): requirements/cpu-lock.txt setup.py $(PATCH_SET)
+$(STAMP): requirements/cpu-lock.txt requirements/test-lock.txt setup.py $(PATCH_SET)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0 triton==3.7.1
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c requirements/cpu-lock.txt -r requirements/cpu-lock.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements/test-lock.txt
 	$(PY) -m pip install --quiet --no-deps --force-reinstall openrlhf==0.11.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(VENV)/bin/openrlhf-band patch apply
@@ -59,12 +60,22 @@ LEARN_DIR ?= $(E2E_VENV)/learn
 learn-checkpoint: $(E2E_STAMP)
 	bash tests/e2e/warmup.sh $(LEARN_DIR)
 
+# The learning study (docs/learn_study.md): clip, Clip-Higher, band-kl, band-kl + floor 0.8, DPPO-TV,
+# 3 paired seeds x 20 steps through train_ppo_ray (tests/e2e/learn.sh; about 65 min on 2 cores), then
+# the tables, CSV and curves under docs/learn_study/. Finished runs under out/learn-study are reused.
+learn-study: learn-checkpoint
+	$(E2E_VENV)/bin/python tests/e2e/learn_study.py run --seeds 3 --steps 20 --out out/learn-study
+	$(E2E_VENV)/bin/python tests/e2e/learn_study.py report --out out/learn-study --docs docs/learn_study
+
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
-# 2-core machine slows by 10x or more. `make test` = lint + the unit suite + the end-to-end tests.
+# 2-core machine slows by 10x or more; instead UNIT_WORKERS processes (pytest-xdist, a test file per
+# worker at a time) share the cores: 1,281 tests in 6:45 on 2 cores with a study running beside them,
+# 9:27 on one. `make test` = lint + the unit suite + the end-to-end tests.
+UNIT_WORKERS ?= 2
 test: lint unit e2e
 
 unit: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest --ignore=tests/e2e
+	OMP_NUM_THREADS=1 $(PY) -m pytest --ignore=tests/e2e -n $(UNIT_WORKERS) --dist loadfile
 
 # The real train_ppo_ray (vLLM CPU build, Ray, DeepSpeed) on a tiny model: tests/e2e/.
 e2e: $(STAMP) $(E2E_STAMP)

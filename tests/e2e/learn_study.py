@@ -8,7 +8,8 @@ lower floor 0.8 and DPPO-TV, paired seeds from one warm-up checkpoint (tests/e2e
 pairs, and skips runs whose summary.json exists. Pairing: every method of a seed starts from the
 same checkpoint with the same --train.seed, so the same prompt order and, until the policies
 differ, the same vLLM sampling noise. `report` writes summary.txt (final held-out reward and entropy,
-paired differences to clip, mean +- sd over seeds), steps.csv (every run's per-step train_ppo_ray
+paired differences to clip, mean +- sd over seeds), summary.json (the same numbers, which the
+learning test in tests/e2e reads), steps.csv (every run's per-step train_ppo_ray
 metrics and its held-out eval curve) and curves.png.
 """
 
@@ -119,9 +120,28 @@ def report(out: Path, docs: Path, command: str) -> str:
         lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"   ({len(seeds)} pairs)")
     text = "\n".join(lines) + "\n"
     (docs / "summary.txt").write_text(text)
+    (docs / "summary.json").write_text(json.dumps(_stats(runs, command), indent=1) + "\n")
     _write_steps(runs, docs / "steps.csv")
     _plot(runs, docs / "curves.png")
     return text
+
+
+def _stats(runs: dict[str, dict[int, dict]], command: str) -> dict:
+    """The numbers the learning test reads: per method, mean and sd over seeds of each final held-out
+    number and of its rise over the checkpoint; `seed_spread` is the largest sd of a final
+    mean_reward over the methods."""
+    out: dict = {"command": command, "methods": {}}
+    for method, by_seed in runs.items():
+        entry = {"seeds": sorted(by_seed), "steps": next(iter(by_seed.values()))["steps"]}
+        for k in FINAL_KEYS:
+            after = [s["after"][k] for s in by_seed.values()]
+            rise = [s["after"][k] - s["before"][k] for s in by_seed.values()]
+            entry[k] = {"after_mean": statistics.fmean(after), "after_sd": statistics.stdev(after) if len(after) > 1
+                        else None, "rise_mean": statistics.fmean(rise)}  # fmt: skip
+        out["methods"][method] = entry
+    sds = [m["mean_reward"]["after_sd"] for m in out["methods"].values() if m["mean_reward"]["after_sd"] is not None]
+    out["seed_spread"] = max(sds) if sds else None
+    return out
 
 
 def _write_steps(runs: dict[str, dict[int, dict]], path: Path) -> None:
