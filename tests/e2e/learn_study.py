@@ -77,9 +77,9 @@ def load(out: Path) -> dict[str, dict[int, dict]]:
     return runs
 
 
-def _mean_sd(values: list[float]) -> str:
+def _mean_sd(values: list[float], signed: bool = True) -> str:
     sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{statistics.fmean(values):+.3f} +- {sd:.3f}"
+    return f"{statistics.fmean(values):{'+' if signed else ''}.3f} +- {sd:.3f}"
 
 
 def report(out: Path, docs: Path, command: str) -> str:
@@ -101,7 +101,7 @@ def report(out: Path, docs: Path, command: str) -> str:
         f"{'method':<15}" + "".join(f"{k:>20}" for k in FINAL_KEYS) + f"{'s/step':>9}{'peak GiB':>10}",
     ]
     for method, by_seed in runs.items():
-        cells = [_mean_sd([s["after"][k] for s in by_seed.values()]).replace("+-", "±") for k in FINAL_KEYS]
+        cells = [_mean_sd([s["after"][k] for s in by_seed.values()], signed=False) for k in FINAL_KEYS]
         sps = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
         peak = max(s["peak_pss_gib"] or 0 for s in by_seed.values())
         lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"{sps:>9.2f}{peak:>10.1f}")
