@@ -11,7 +11,13 @@ exact message (every other warning and error still shows):
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+
+# The same filter in -W syntax (a literal, case-insensitive prefix of the message): put in
+# PYTHONWARNINGS, so that processes started from this one apply it before their own `import torch`
+# (the demo's spawned workers and the benchmarks' subprocesses import torch at module top).
+PYNVML_WARNING_FILTER = "ignore:The pynvml package is deprecated:FutureWarning"
 
 _SILENCED_LOG_MESSAGES = {
     "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",
@@ -29,8 +35,12 @@ class _DropMessage(logging.Filter):
 
 
 def quiet_third_party_startup() -> None:
-    """Install the filters; call before the packages are imported (the loggers keep the filters)."""
+    """Install the filters; call before the packages are imported (the loggers keep the filters).
+    Also extends PYTHONWARNINGS in this process's environment, which child processes inherit."""
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    inherited = [f for f in os.environ.get("PYTHONWARNINGS", "").split(",") if f]
+    if PYNVML_WARNING_FILTER not in inherited:
+        os.environ["PYTHONWARNINGS"] = ",".join([*inherited, PYNVML_WARNING_FILTER])
     for logger_name, prefix in _SILENCED_LOG_MESSAGES.items():
         logger = logging.getLogger(logger_name)
         if not any(isinstance(f, _DropMessage) and f.prefix == prefix for f in logger.filters):
