@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint learn-study test unit e2e lint demo bench clean
+.PHONY: venv e2e-venv learn-checkpoint learn-study test unit e2e lint demo bench locks clean
 
 venv: $(STAMP)
 
@@ -61,7 +61,7 @@ learn-checkpoint: $(E2E_STAMP)
 	bash tests/e2e/warmup.sh $(LEARN_DIR)
 
 # The learning study (docs/learn_study.md): clip, Clip-Higher, band-kl, band-kl + floor 0.8, DPPO-TV,
-# 3 paired seeds x 20 steps through train_ppo_ray (tests/e2e/learn.sh; about 65 min on 2 cores), then
+# 3 paired seeds x 20 steps through train_ppo_ray (tests/e2e/learn.sh; about 45 min on 2 cores), then
 # the tables, CSV and curves under docs/learn_study/. Finished runs under out/learn-study are reused.
 learn-study: learn-checkpoint
 	$(E2E_VENV)/bin/python tests/e2e/learn_study.py run --seeds 3 --steps 20 --out out/learn-study
@@ -81,7 +81,7 @@ unit: $(STAMP)
 e2e: $(STAMP) $(E2E_STAMP)
 	$(PY) -m pytest tests/e2e
 
-SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/integration/patches/regenerate.sh .ci/run tests/e2e/*.sh
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/integration/patches/regenerate.sh .ci/run tests/e2e/*.sh requirements/lock.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench
@@ -95,6 +95,12 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/openrlhf-band bench bounds
+
+# The GPU image's lock, requirements/gpu-lock.txt: requirements/gpu.txt resolved by uv for Linux x86_64 /
+# CPython 3.12 with hashes, at the CPU locks' versions wherever the CUDA stack allows (requirements/lock.sh;
+# about 20 s, no venv needed). The CPU locks are its fixed side: no command that made them is recorded.
+locks:
+	PYTHON=$(PYTHON) bash requirements/lock.sh
 
 clean:
 	rm -rf $(VENV) $(E2E_VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared launcher for the paper's recipe (BandPO and its baselines) on OpenRLHF 0.11.2.
 # Each method script sources this file and calls `launch METHOD FLAGS...`; only the method flags
-# differ between runs. Settings follow the authors' runs (see README, "Recipe").
+# differ between runs. Settings follow the authors' runs (see docs/recipe.md).
 #
 # Environment (all optional):
 #   MODEL            HF model id or path      (default deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B)

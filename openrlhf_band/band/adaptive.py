@@ -33,7 +33,7 @@ from openrlhf_band.band.divergences import get_divergence
 
 ADAPTIVE_RULES = ("none", "entropy")
 CONTROLLER_ERROR_CLIP = 0.2
-# Defaults (README, "Adaptive radius"): alpha = 1 (the radius proportional to the relative entropy),
+# Defaults (docs/training.md, the adaptive radius): alpha = 1 (the radius proportional to the relative entropy),
 # radii within a factor 4 of the base radius, the controller's step at most e^(0.2 x 0.1) = 2% per
 # optimizer step.
 DEFAULT_ENTROPY_POWER = 1.0

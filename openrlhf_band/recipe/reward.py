@@ -79,7 +79,7 @@ DEFAULT_TIMEOUT = 1.5  # seconds of verification per sample in reward_func
 SOFT_TIMEOUT_FRACTION = 0.75  # the worker interrupts itself at this fraction of the deadline
 ACCURACY_MODE = "accuracy"
 
-DEFAULT_MAX_WORKERS = 8  # per scoring process; see the README's reward section for the measured rate
+DEFAULT_MAX_WORKERS = 8  # per scoring process; see docs/recipe.md (reward) for the measured rate
 _logger = logging.getLogger(__name__)
 
 # Special tokens that `decode(..., skip_special_tokens=False)` leaves in the query (Qwen/Llama-3

@@ -106,7 +106,7 @@ if ! E2E_RUN_ID="$RUN_ID" timeout 120 ray start --head --node-ip-address 127.0.0
 fi
 
 # --- training ---------------------------------------------------------------------------------
-# As close to examples/scripts/common.sh as a CPU allows; README "End to end on a CPU" lists what
+# As close to examples/scripts/common.sh as a CPU allows; docs/e2e_cpu.md lists what
 # differs and why. Everything after OUT_DIR on the command line comes last and wins.
 BASE_ARGS=(
   --actor.model_name_or_path "$ASSETS/model"
