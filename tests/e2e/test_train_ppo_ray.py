@@ -322,25 +322,20 @@ def controller_resumed(e2e_root, controller_saved) -> Run:
 
 
 @pytest.fixture(scope="session")
-def entropy_rule_run(e2e_root) -> Run:
-    return trained(e2e_root / "entropy-rule", "--loss", "band", "--actor.band.adaptive", "entropy",
-                   "--data.max_samples", "4")  # fmt: skip
-
-
-@pytest.fixture(scope="session")
 def two_epoch_run(e2e_root) -> Run:
     """One rollout trained for two epochs with one optimizer step each (all 16 samples per step):
     the first epoch's forwards are pi_old's, the second's the policy one optimizer step later, on the
-    same tokens (the shim's entropy probe logs each loss call)."""
+    same tokens (the shim's entropy probe logs each loss call). Also the entropy rule's own run (one
+    run for both: each costs a minute or two of start-up)."""
     return trained(
         e2e_root / "entropy-two-epochs", "--loss", "band", "--actor.band.adaptive", "entropy",
         "--data.max_samples", "4", "--train.batch_size", "16", "--train.max_epochs", "2",
     )  # fmt: skip
 
 
-def test_entropy_rule_through_the_real_engine(entropy_rule_run):
-    assert "adaptive='entropy'" in resolved_band(entropy_rule_run)
-    scalars = entropy_rule_run.scalars()
+def test_entropy_rule_through_the_real_engine(two_epoch_run):
+    assert "adaptive='entropy'" in resolved_band(two_epoch_run)
+    scalars = two_epoch_run.scalars()
     delta, delta_sq = scalars["train/band/delta_mean"][1], scalars["train/band/delta_sq_mean"][1]
     assert 0.0125 <= delta <= 0.2 and delta_sq >= delta**2 * (1 - 1e-6)  # inside the default range
     assert delta_sq > delta**2 * (1 + 1e-4)  # per-token radii: a real spread, not one value
