@@ -297,7 +297,7 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-# --- adaptive radii (issue 13) ---------------------------------------------------------------------
+# --- adaptive radii --------------------------------------------------------------------------------
 # The controller with an unreachable target: its error is clipped at -0.2 at every optimizer step,
 # so the radius shrinks by exactly exp(-0.2 * rate) per step whatever the entropy: a resumed run's
 # radius tells whether the saved state was restored.
