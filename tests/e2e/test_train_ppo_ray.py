@@ -437,7 +437,11 @@ def test_fused_logprobs_train_and_equal_openrlhfs_on_the_first_batch(dppo_run):
 # From the train_sft warm-up checkpoint (tests/e2e/warmup.sh) on the fork task, 128 held-out prompts x
 # 16 samples at T=1. The study (docs/learn_study.md, 20 steps, 3 seeds) measured the seed spread of
 # the final held-out reward; the test asks for a rise above the checkpoint's larger than it.
-LEARNING_STEPS = 10
+# 20 steps, as the study: at 10 a fresh-clone run rose only 0.096 (a slow start: few correct samples in
+# the first rollouts), less than the spread; at 20 every one of the study's 15 runs rose by 0.156 or
+# more. 20 x 8 prompts also keeps all 128 held-out prompts in OpenRLHF's eval (--data.max_samples caps
+# the eval set too).
+LEARNING_STEPS = 20
 # the largest sd over seeds of a method's final held-out mean_reward, as the study measured it
 STUDY_SEED_SPREAD = json.loads((ROOT / "docs" / "learn_study" / "summary.json").read_text())["seed_spread"]
 
@@ -463,8 +467,8 @@ def test_band_kl_raises_the_held_out_reward_through_train_ppo_ray(learning_run):
     assert after["p_fork_hard"] > 2 * before["p_fork_hard"], (before, after)
     # OpenRLHF's own held-out evaluation (vLLM, the synced weights) saw the rise too
     pass1 = s["metrics"]["eval/eval_default_pass1"]
-    assert sorted(int(k) for k in pass1) == [5, 10]
-    assert pass1["10"] > before["mean_reward"] + STUDY_SEED_SPREAD, (pass1, before)
+    assert sorted(int(k) for k in pass1) == [5, 10, 15, 20]
+    assert pass1["20"] > before["mean_reward"] + STUDY_SEED_SPREAD, (pass1, before)
     assert 0.0 < after["entropy"] and s["seconds_per_step"] > 0 and s["peak_pss_gib"] > 0.5
 
 
