@@ -112,6 +112,12 @@ def find_event_dirs(root: Path) -> list[Path]:
 def load_scalars(root: Path) -> dict[str, dict[int, float]]:
     """All scalars under `root` (every directory holding event files; a step logged twice, e.g.
     after a resume, keeps its latest value)."""
+    return {tag: {step: v for step, (_, v) in steps.items()} for tag, steps in load_scalar_events(root).items()}
+
+
+def load_scalar_events(root: Path) -> dict[str, dict[int, tuple[float, float]]]:
+    """As load_scalars, each value with its wall time (seconds since the epoch): {tag: {step:
+    (wall_time, value)}}, steps in order."""
     from tensorboard.backend.event_processing import event_accumulator as ea
     from tensorboard.util import tensor_util
 
@@ -138,7 +144,7 @@ def load_scalars(root: Path) -> dict[str, dict[int, float]]:
                 continue
             for e in acc.Tensors(tag):
                 put(tag, e.step, e.wall_time, float(tensor_util.make_ndarray(e.tensor_proto)))
-    return {tag: {step: v for step, (_, v) in sorted(steps.items())} for tag, steps in latest.items()}
+    return {tag: dict(sorted(steps.items())) for tag, steps in latest.items()}
 
 
 def read_run_json(root: Path) -> dict:

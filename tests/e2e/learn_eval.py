@@ -160,20 +160,17 @@ def summarize(task: Path, run: Path, seconds: float, samples: int = 16, seed: in
 
 
 def _tensorboard(root: Path) -> tuple[dict[str, dict[int, float]], list[float]]:
-    """(every scalar as {tag: {step: value}}, the wall times of the training steps in order)."""
-    from tensorboard.backend.event_processing import event_accumulator as ea
+    """(every scalar as {tag: {step: value}}, the wall times of the training steps in order: each step's
+    latest train/ event)."""
+    from openrlhf_band.recipe.results import load_scalar_events
 
-    from openrlhf_band.recipe.results import load_scalars
-
-    scalars = load_scalars(root)
+    events = load_scalar_events(root)
     step_wall: dict[int, float] = {}
-    for events in sorted({p.parent for p in root.rglob("events.out.tfevents.*")}):
-        acc = ea.EventAccumulator(str(events), size_guidance={ea.SCALARS: 0})
-        acc.Reload()
-        for tag in acc.Tags().get(ea.SCALARS, []):
-            if tag.startswith("train/"):
-                for e in acc.Scalars(tag):
-                    step_wall[e.step] = max(step_wall.get(e.step, 0.0), e.wall_time)
+    for tag, series in events.items():
+        if tag.startswith("train/"):
+            for step, (wall, _) in series.items():
+                step_wall[step] = max(step_wall.get(step, 0.0), wall)
+    scalars = {tag: {step: v for step, (_, v) in series.items()} for tag, series in events.items()}
     return scalars, [step_wall[k] for k in sorted(step_wall)]
 
 
