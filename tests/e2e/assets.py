@@ -68,7 +68,8 @@ def prompts(seed: int = 0) -> list[dict]:
     return rows
 
 
-def build_tokenizer(texts: list[str]):
+def build_tokenizer(texts: list[str], vocab_size: int = 384):
+    """A byte-level BPE trained on `texts`, with the chat template and special tokens above."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -76,7 +77,7 @@ def build_tokenizer(texts: list[str]):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=384, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
@@ -89,19 +90,23 @@ def build_tokenizer(texts: list[str]):
     )
 
 
-def build_model(vocab_size: int, eos_id: int, pad_id: int):
+def build_model(
+    vocab_size: int, eos_id: int, pad_id: int, hidden: int = HIDDEN, heads: int = HEADS, kv_heads: int = KV_HEADS,
+    layers: int = LAYERS, max_positions: int = 512, norm_scale: float | None = NORM_SCALE,
+):
+    """A random Qwen2 (seed 0, untied head, bf16); its final norm scaled by `norm_scale` unless None."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=vocab_size,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=512,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
@@ -109,8 +114,9 @@ def build_model(vocab_size: int, eos_id: int, pad_id: int):
         torch_dtype="bfloat16",
     )
     model = Qwen2ForCausalLM(config)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(NORM_SCALE)
+    if norm_scale is not None:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(norm_scale)
     return model.to(torch.bfloat16)
 
 

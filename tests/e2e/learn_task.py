@@ -25,6 +25,8 @@ import random
 import sys
 from pathlib import Path
 
+from assets import build_model, build_tokenizer  # tests/e2e/assets.py: the e2e model's builders, reused
+
 TASK_VERSION = "1"
 
 KEYS = 32
@@ -44,12 +46,6 @@ HELDOUT_PROMPTS = 128  # every key x difficulty twice, tickets never used in tra
 
 HIDDEN, HEADS, KV_HEADS, LAYERS = 128, 4, 2, 2  # head_dim 32: vLLM's CPU attention has no head_dim 16
 VOCAB = 512
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 REWARD_PY = '''"""Reward for the learning study: 1 when the reply is exactly the key's answer (the label), else 0.
 `rewards` equal `scores`, so OpenRLHF's eval pass1 (a mean of rewards) is the exact-match rate."""
@@ -132,49 +128,6 @@ def sft_rows() -> list[dict]:
     return rows
 
 
-def build_tokenizer(texts: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=512,
-    )
-
-
-def build_model(vocab_size: int, eos_id: int, pad_id: int):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        bos_token_id=None,
-        torch_dtype="bfloat16",
-    )
-    return Qwen2ForCausalLM(config).to(torch.bfloat16)
-
-
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
     with path.open("w") as f:
         for row in rows:
@@ -189,8 +142,9 @@ def build(out: Path) -> None:
     # (a reply's first word has no leading space: the bare words are in the corpus too)
     corpus = [f"{r['prompt']} {r['response']}" for r in sft[:4000]]
     corpus += ([" ".join(ANSWER_WORDS)] + ANSWER_WORDS + ["user", "assistant"]) * 50
-    tokenizer = build_tokenizer(corpus)
-    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    tokenizer = build_tokenizer(corpus, vocab_size=VOCAB)
+    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, hidden=HIDDEN, heads=HEADS,
+                        kv_heads=KV_HEADS, layers=LAYERS, max_positions=256, norm_scale=None)  # fmt: skip
     model.save_pretrained(out / "base")
     tokenizer.save_pretrained(out / "base")
     model.generation_config.save_pretrained(out / "base")
