@@ -53,7 +53,7 @@ LEARN_ARGS=(
 )
 start=$SECONDS
 status=0
-E2E_RUN_ID="$RUN_ID" bash "$ROOT/tests/e2e/train.sh" "$OUT_DIR" "${LEARN_ARGS[@]}" "$@" || status=$?
+E2E_RUN_NAME="$RUN_ID" bash "$ROOT/tests/e2e/train.sh" "$OUT_DIR" "${LEARN_ARGS[@]}" "$@" || status=$?
 kill "$WATCH" 2>/dev/null || true
 wait "$WATCH" 2>/dev/null || true
 if [[ $status -ne 0 ]]; then

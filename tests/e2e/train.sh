@@ -57,11 +57,13 @@ fi
 
 # Every process of this run (cluster daemons, Ray workers, vLLM's engine process) inherits RUN_ID
 # in its environment; cleanup stops exactly those, never another Ray cluster on the machine.
-RUN_ID="${E2E_RUN_ID:-e2e-$$-$RANDOM$RANDOM}"  # learn.sh passes its own, to watch the run's memory
+# A caller may name the run (learn.sh does, to watch its memory) in E2E_RUN_NAME: a variable of another
+# name, so that this script and its own subshells never carry the marker they look for.
+RUN_ID="${E2E_RUN_NAME:-e2e-$$-$RANDOM$RANDOM}"
 RAY_TMP="$(mktemp -d /tmp/e2e-ray-XXXXXX)"  # short: Ray's socket paths must fit in 107 bytes
 # shellcheck disable=SC2329  # called from the EXIT trap
-run_pids() {  # never this script itself: learn.sh starts it with E2E_RUN_ID in its environment
-  grep -lsz "^E2E_RUN_ID=$RUN_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$" || true
+run_pids() {
+  grep -lsz "^E2E_RUN_ID=$RUN_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true
 }
 # shellcheck disable=SC2329  # the EXIT trap
 cleanup() {
