@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint learn-study test unit e2e lint demo bench locks clean
+.PHONY: venv e2e-venv learn-checkpoint learn-study test unit unit-cpu-paths e2e lint demo bench locks clean
 
 venv: $(STAMP)
 
@@ -76,6 +76,23 @@ test: lint unit e2e
 
 unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest --ignore=tests/e2e -n $(UNIT_WORKERS) --dist loadfile
+
+# The unit suite on the code paths of other CPU classes, forced on this one (docs/tests.md): float32
+# results that two code paths share on one CPU may differ by rounding on another, and a test must not
+# hold them to one machine's bits. avx2: PyTorch's AVX2 kernels (an x86-64 without AVX-512), MKL and
+# oneDNN capped at AVX2; baseline: PyTorch's scalar kernels, MKL's SSE2-compatible path (MKL_CBWR,
+# which changes its GEMM blocking), oneDNN capped at SSE4.1. Each with its own inductor cache:
+# inductor's on-disk cache does not key on a forced ATEN_CPU_CAPABILITY, and a kernel compiled under
+# one and run under another computed garbage here (OpenRLHF's compiled compute_entropy, off by 25).
+CPU_PATH_avx2     := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+CPU_PATH_baseline := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
+unit-cpu-paths: $(STAMP)
+	status=0; for path in avx2 baseline; do \
+		echo "== the unit suite on the $$path code path"; \
+		if [ $$path = avx2 ]; then flags="$(CPU_PATH_avx2)"; else flags="$(CPU_PATH_baseline)"; fi; \
+		env $$flags TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-$$path OMP_NUM_THREADS=1 \
+			$(PY) -m pytest --ignore=tests/e2e -n $(UNIT_WORKERS) --dist loadfile -p no:cacheprovider || status=1; \
+	done; exit $$status
 
 # The real train_ppo_ray (vLLM CPU build, Ray, DeepSpeed) on a tiny model: tests/e2e/.
 e2e: $(STAMP) $(E2E_STAMP)
