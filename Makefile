@@ -79,20 +79,25 @@ unit: $(STAMP)
 
 # The unit suite on the code paths of other CPU classes, forced on this one (docs/tests.md): float32
 # results that two code paths share on one CPU may differ by rounding on another, and a test must not
-# hold them to one machine's bits. avx2: PyTorch's AVX2 kernels (an x86-64 without AVX-512), MKL and
-# oneDNN capped at AVX2; baseline: PyTorch's scalar kernels, MKL's SSE2-compatible path (MKL_CBWR,
-# which changes its GEMM blocking), oneDNN capped at SSE4.1. Each with its own inductor cache:
-# inductor's on-disk cache does not key on a forced ATEN_CPU_CAPABILITY, and a kernel compiled under
-# one and run under another computed garbage here (OpenRLHF's compiled compute_entropy, off by 25).
-CPU_PATH_avx2     := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
-CPU_PATH_baseline := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
+# hold them to one machine's bits. avx2 (an x86-64 without AVX-512): PyTorch's AVX2 kernels, MKL and
+# oneDNN capped at AVX2, numpy (the Triton interpreter's exp and log) without its AVX-512 loops.
+# baseline: PyTorch's scalar kernels, MKL's SSE2-compatible path (MKL_CBWR, which changes its GEMM
+# blocking), oneDNN capped at SSE4.1, numpy without AVX / AVX2 / FMA / AVX-512. Each with its own
+# inductor cache: inductor's on-disk cache does not key on a forced ATEN_CPU_CAPABILITY, and a kernel
+# compiled under one and run under another computed garbage here (OpenRLHF's compute_entropy, off by 25).
+NPY_NO_AVX512 := AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR
+UNIT_SUITE    := OMP_NUM_THREADS=1 $(PY) -m pytest --ignore=tests/e2e -n $(UNIT_WORKERS) --dist loadfile -p no:cacheprovider
 unit-cpu-paths: $(STAMP)
-	status=0; for path in avx2 baseline; do \
-		echo "== the unit suite on the $$path code path"; \
-		if [ $$path = avx2 ]; then flags="$(CPU_PATH_avx2)"; else flags="$(CPU_PATH_baseline)"; fi; \
-		env $$flags TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-$$path OMP_NUM_THREADS=1 \
-			$(PY) -m pytest --ignore=tests/e2e -n $(UNIT_WORKERS) --dist loadfile -p no:cacheprovider || status=1; \
-	done; exit $$status
+	status=0; \
+	echo "== the unit suite on the avx2 code path"; \
+	env ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+		NPY_DISABLE_CPU_FEATURES="$(NPY_NO_AVX512)" TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2 \
+		$(UNIT_SUITE) || status=1; \
+	echo "== the unit suite on the baseline code path"; \
+	env ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41 \
+		NPY_DISABLE_CPU_FEATURES="AVX AVX2 FMA3 F16C $(NPY_NO_AVX512)" \
+		TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-baseline $(UNIT_SUITE) || status=1; \
+	exit $$status
 
 # The real train_ppo_ray (vLLM CPU build, Ray, DeepSpeed) on a tiny model: tests/e2e/.
 e2e: $(STAMP) $(E2E_STAMP)

@@ -400,6 +400,8 @@ def test_any_real_number_type_is_accepted(delta, cap):
     x = torch.tensor([-1.0])
     lower, upper = band_bounds(x, "kl", delta, upper_cap=cap, relax=(np.float32(0.2), 0.2))
     want_lower, want_upper = band_bounds(x, "kl", float(delta), upper_cap=float(cap), relax=(0.2, 0.2))
+    # exact: the same values reach the same code (float(np.float32(0.2)) is 0.2 + 3e-9, but 1 -+ it
+    # rounds to the same float32 as 1 -+ 0.2: IEEE-rounded arithmetic, the same on every CPU)
     assert torch.equal(lower, want_lower) and torch.equal(upper, want_upper)
 
 

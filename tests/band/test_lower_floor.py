@@ -43,7 +43,8 @@ def test_floored_lower_bound_is_the_larger_of_the_oracle_root_and_the_floor(div,
     lower, upper, at_edge = band_bounds_with_edge(LOG_P32, div, delta, lower_floor=floor)
     plain_lower, plain_upper, plain_edge = band_bounds_with_edge(LOG_P32, div, delta)
     floor32 = float(torch.tensor(floor, dtype=torch.float32))
-    # the floor moves only the lower bound: upper and the edge flag are untouched, bit for bit
+    # the floor moves only the lower bound: upper and the edge flag are untouched, bit for bit (the
+    # same code on the same inputs; the floor is a max, which does not round)
     assert torch.equal(upper, plain_upper) and torch.equal(at_edge, plain_edge)
     fails, floored = [], 0
     for log_p, lo in zip(EXACT_LOG_P, lower.tolist(), strict=True):
@@ -66,7 +67,7 @@ def test_floor_comes_after_relax_and_commutes_with_the_cap():
     lower, upper = band_bounds(LOG_P32, "kl", 0.05, relax=(0.5, 0.28), upper_cap=3.0, lower_floor=0.8)
     relaxed_lower, relaxed_upper = band_bounds(LOG_P32, "kl", 0.05, relax=(0.5, 0.28), upper_cap=3.0)
     assert (relaxed_lower <= 0.5).all() and (lower == float(torch.tensor(0.8, dtype=torch.float32))).all()
-    assert torch.equal(upper, relaxed_upper) and upper.max() == 3.0
+    assert torch.equal(upper, relaxed_upper) and upper.max() == 3.0  # the same code for upper; the cap exactly
 
 
 def test_floor_with_a_per_token_radius_against_the_oracle():
@@ -103,7 +104,7 @@ def test_lower_delta_takes_the_lower_root_at_its_own_radius(div):
         if not (ok and _close(up, ex_up)):
             fails.append(f"log_p={log_p!r}: [{lo!r}, {up!r}] vs exact [{float(ex_lo)!r}, {float(ex_up)!r}]")
     assert not fails, "\n".join(fails[:10])
-    # the symmetric case is the plain band, bit for bit
+    # the symmetric case is the plain band, bit for bit (lower_delta == delta takes the plain path)
     assert torch.equal(band_bounds(LOG_P32, div, delta, lower_delta=delta)[0], band_bounds(LOG_P32, div, delta)[0])
 
 

@@ -13,9 +13,11 @@ seq-mean-token-mean, with and without global counts), the tests compare
 
 * the trust-region masks: verl's (read from its own gradient: verl's per-token gradient is
   -A min(r, c) valid / N, zero exactly where verl masks a token with A != 0) against our
-  ~(clipped_upper | clipped_lower): no disagreement at all on these batches;
+  ~(clipped_upper | clipped_lower): no disagreement except at a token within float32 rounding of
+  the radius (none on these batches on the machines we ran them on, but the batches themselves come
+  from float32 log_softmax, whose rounding differs between CPUs);
 * the gradients of the aggregated losses w.r.t. the new log-probs: equal within float32 rounding at
-  every position (the loss values differ by design: verl's surrogate is -A sg(min(r, c)) log pi);
+  every other position (the loss values differ by design: verl's surrogate is -A sg(min(r, c)) log pi);
 * the metrics: band/clip_frac_upper + band/clip_frac_lower is actor/pg_clipfrac, band/truncated_frac
   is actor/pg_clipfrac_lower, the forward's ppo_kl is actor/ppo_kl.
 
@@ -45,7 +47,14 @@ MODES = {"token-mean": True, "seq-mean-token-mean": False}  # verl mode -> our t
 SEEDS = range(8)
 VOCABS = (64, 1000, 256, 128, 512, 64, 1000, 256)  # one per seed
 BATCH, LENGTH, GROUP = 64, 128, 8
-RTOL = 1e-5  # float32 rounding of the two aggregation orders; atol 0: a zero must be a zero
+# Per-token gradients: -A min(r, c) / N from a few correctly rounded float32 ops and one exp on each
+# side, in different orders: a few ulps (u = 2^-24 ~ 6e-8) each, ~1e-6 relative in all; 1e-5 leaves
+# 10x. atol 0: a zero must be a zero.
+RTOL = 1e-5
+# A token's q within this many float32 ulps of max(p, q) of the exact root may fall on either side of
+# the radius in verl's probability-space test and in our ratio-space one (each rounds differently;
+# measured up to 21.5 ulps in test_disagreements_near_the_radius_are_float32_rounding).
+NEAR_RADIUS_ULPS = 32.0
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +167,20 @@ def grad_mismatch(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
     return ~torch.isclose(ours, theirs, rtol=RTOL, atol=0.0)
 
 
+def beyond_rounding(divergence, low, high, old, new, adv, where: torch.Tensor) -> torch.Tensor:
+    """The tokens of `where` whose q lies more than NEAR_RADIUS_ULPS float32 ulps of max(p, q) from the
+    exact root on its advantage's side (A > 0: the upper root at `high`, A < 0: the lower at `low`),
+    or that have no such root: there a disagreement is a different rule, not float32 rounding."""
+    out = torch.zeros_like(where)
+    if not where.any():
+        return out
+    lp, lq, side = old[where].double(), new[where].double(), torch.sign(adv[where]).double()
+    root = _boundary_log_q(divergence, lp, side, torch.where(side > 0, high, low).double())
+    dist = root.exp() * torch.expm1(lq - root).abs() / (2.0**-24 * torch.maximum(lp.exp(), lq.exp()))
+    out[where] = ~(dist <= NEAR_RADIUS_ULPS)  # nan (no root on that side): beyond
+    return out
+
+
 def test_installed_verl_is_0_9_1(verl):
     assert verl.version == verl_dppo.VERL_VERSION == "0.9.1"
     assert verl_dppo.installed_version() == "0.9.1"
@@ -204,18 +227,21 @@ def test_dppo_matches_verl(verl, rollout, divergence, low, high, c, mode, dp_siz
     truncated = live & ~(flags.clipped_upper | flags.clipped_lower) & (ratio > c)
     assert (int(truncated.sum()) >= 50) if c < 10 else (int(truncated.sum()) == 0)
 
-    # (a) the masks: verl's, read from its own gradient, against our clip flags
+    # (a) the masks: verl's, read from its own gradient, against our clip flags; a disagreement only
+    # within float32 rounding of the radius, and rare
     verl_valid = grad_verl != 0
     ours_valid = ~(flags.clipped_upper | flags.clipped_lower)
     disagree = live & (verl_valid != ours_valid)
-    assert int(disagree.sum()) == 0, f"{int(disagree.sum())} mask disagreements: " + describe(
-        divergence, old, new, adv, disagree
+    beyond = beyond_rounding(divergence, low, high, old, new, adv, disagree)
+    assert int(beyond.sum()) == 0, f"{int(beyond.sum())} mask disagreements: " + describe(
+        divergence, old, new, adv, beyond
     )
+    assert int(disagree.sum()) <= 1e-3 * int(live.sum()), describe(divergence, old, new, adv, disagree)
     assert (grad_verl[~live] == 0).all() and (grad_ours[~live] == 0).all()
 
-    # (b) the gradients of the aggregated losses, every position
-    bad = grad_mismatch(grad_ours, grad_verl)
-    rel = ((grad_ours - grad_verl).abs() / grad_verl.abs().clamp(min=1e-30))[live & verl_valid]
+    # (b) the gradients of the aggregated losses, every position but those disagreements
+    bad = grad_mismatch(grad_ours, grad_verl) & ~disagree
+    rel = ((grad_ours - grad_verl).abs() / grad_verl.abs().clamp(min=1e-30))[live & verl_valid & ~disagree]
     assert int(bad.sum()) == 0, f"{int(bad.sum())} gradient mismatches (max rel {float(rel.max()):.3g}): " + describe(
         divergence, old, new, adv, bad
     )
@@ -229,10 +255,14 @@ def test_metrics_match_verl(verl, rollout, divergence, low, high, c):
     tokens that its negative-advantage mask drops (they have no gradient either way; our flags need
     A < 0 to clip below), and nothing else differs."""
     new, old, adv, mask = rollout
-    tol = dict(rel=0, abs=1e-6)  # verl's masked_mean divides by count + 1e-8, and returns .item()
     live_mask = mask * (adv != 0)
-    _, verl_live = run_verl(verl, divergence, low, high, c, "token-mean", new, old, adv, live_mask)
-    _, outputs, ours_live, _ = run_ours(divergence, low, high, c, "token-mean", new, old, adv, live_mask)
+    grad_verl, verl_live = run_verl(verl, divergence, low, high, c, "token-mean", new, old, adv, live_mask)
+    _, outputs, ours_live, flags = run_ours(divergence, low, high, c, "token-mean", new, old, adv, live_mask)
+    # verl's masked_mean divides by count + 1e-8, and returns .item(): 1e-6; plus one token's share per
+    # mask disagreement within float32 rounding of the radius (test_dppo_matches_verl: none beyond it)
+    disagree = live_mask.bool() & ((grad_verl != 0) == (flags.clipped_upper | flags.clipped_lower))
+    assert not beyond_rounding(divergence, low, high, old, new, adv, disagree).any()
+    tol = dict(rel=0, abs=1e-6 + int(disagree.sum()) / float(mask.sum()))
     clip_frac = float(ours_live["band/clip_frac_upper"] + ours_live["band/clip_frac_lower"])
     assert clip_frac == pytest.approx(verl_live["actor/pg_clipfrac"], **tol)
     assert float(outputs[1]) == pytest.approx(verl_live["actor/pg_clipfrac"], **tol)  # the forward's clip_ratio
@@ -270,9 +300,9 @@ def test_comparison_catches_a_different_rule(verl, rollout, name):
     grad_verl, _ = run_verl(verl, divergence, low, high, c, "token-mean", new, old, adv, mask)
     grad_ours, *_ = run_ours(divergence, low, high, c, "token-mean", new, old, adv, mask, overrides=overrides)
     assert int(grad_mismatch(grad_ours, grad_verl).sum()) > 0, name
-    # and the faithful configuration passes on the same inputs
+    # and the faithful configuration passes on the same inputs (up to float32 rounding at the radius)
     grad_ours, *_ = run_ours(divergence, low, high, c, "token-mean", new, old, adv, mask)
-    assert int(grad_mismatch(grad_ours, grad_verl).sum()) == 0
+    assert not beyond_rounding(divergence, low, high, old, new, adv, grad_mismatch(grad_ours, grad_verl)).any()
 
 
 def _boundary_log_q(divergence, lp, side, target):
@@ -306,8 +336,9 @@ def test_disagreements_near_the_radius_are_float32_rounding(verl, divergence, lo
     root q* (float64 bisection for the token's float32 p). verl decides in probability space (q - p,
     or a KL with 1 - q + 1e-8), we in ratio space (r > r_up(p)): each rounds differently. Where ours
     is the side that is wrong (against the exact divergence of the float32 inputs), it is within
-    OURS_ULPS. Measured maxima (ulps of max(p, q)): ours 4.9, verl 21.5 (kl, p ~ 1e-6, q ~ 0.05)."""
-    ulps, ours_ulps = 32.0, 8.0
+    |log r| + 3 ulps (derived below). Measured maxima (ulps of max(p, q)): ours 8.3 (tv, |log r| ~ 10),
+    verl 21.5 (kl, p ~ 1e-6, q ~ 0.05)."""
+    ulps = NEAR_RADIUS_ULPS
     gen = torch.Generator().manual_seed(7)
     n = 40_000
     confident = torch.rand(n, generator=gen) < 0.3
@@ -333,6 +364,10 @@ def test_disagreements_near_the_radius_are_float32_rounding(verl, divergence, lo
     root = _boundary_log_q(divergence, lp32, a, torch.where(a > 0, high, low).double())
     dist = root.exp() * torch.expm1(lq32 - root).abs() / (2.0**-24 * torch.maximum(lp32.exp(), lq32.exp()))
     d = divergence64(divergence, lp32, lq32)
+    # ours decides fl(exp(fl(log q - log p))) > fl(r_up): the float32 log-ratio is off by up to u |log r|
+    # (u = 2^-24) absolute, exp by one ulp (<= 2u relative), the bound by half an ulp (u): so only
+    # within (|log r| + 3) u relative of r_up, i.e. (|log r| + 3) ulps of max(p, q) in q, can ours be wrong
+    ours_ulps = (lq32 - lp32).abs() + 3.0
     # DPPO's rule in exact arithmetic, on the float32 inputs
     if divergence == "tv":
         exact_valid = torch.where(a > 0, d <= high, d >= -low)

@@ -379,6 +379,8 @@ def test_ppo_loss_is_openrlhfs_own_on_the_patched_trainer(gloo_world):
     reference.packing_samples = False
     reference.train()
     log_probs = reference(experience.sequences, experience.action_mask, attention_mask=experience.attention_mask)
+    # exact on every CPU: the same model code on bitwise-equal weights and inputs, in one process (the
+    # same kernels in the same order; recording autograd or not does not change them)
     torch.testing.assert_close(log_probs.detach(), current_log_probs(trainer, experience), rtol=0, atol=0)
     policy_loss, clip_ratio, ppo_kl, _, _ = PolicyLoss(0.2, 0.2)(
         log_probs,
@@ -403,6 +405,7 @@ def test_ppo_loss_is_openrlhfs_own_on_the_patched_trainer(gloo_world):
     assert not any(key.startswith("band/") for key in metrics)
     assert 0.0 < clip_ratio.item() < 1.0  # the clip is active on some tokens
     torch.testing.assert_close(metrics["policy_loss"], policy_loss.detach(), rtol=1e-6, atol=1e-8)
+    # exact: the same PolicyLoss on the same log-probs (bitwise, above); a share of integer counts
     torch.testing.assert_close(metrics["ppo_clip_ratio"], clip_ratio, rtol=0, atol=0)
     torch.testing.assert_close(metrics["ppo_kl"], ppo_kl, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(metrics["kl"], kl.detach(), rtol=1e-6, atol=1e-9)

@@ -84,7 +84,7 @@ def test_per_sequence_radius_when_b_equals_t(backend, divergence):
     out_2d, grad_2d = _loss_and_grad(
         lp, old, adv, divergence=divergence, delta=delta[:, None], backend=backend, return_bounds=True
     )
-    for a, b in zip(out_1d, out_2d):
+    for a, b in zip(out_1d, out_2d):  # the dispatcher makes (B,) the (B, 1) radius: the same inputs
         assert torch.equal(a, b)
     assert torch.equal(grad_1d, grad_2d)
     # and it is not the per-column reading (the old behaviour for B == T)
@@ -117,10 +117,13 @@ def test_metrics_per_sequence_radius_when_b_equals_t():
     out = band_token_loss(lp, old, adv, mask, divergence="tv", delta=delta, backend="torch", return_bounds=True)
     metrics = band_metrics(out, old, mask, delta=delta)
     counts = mask.sum(-1).double()
+    # float32 metrics against float64: a sum of n = 16 positive terms (n - 1 roundings, any order), the
+    # division and d * d: within gamma_(n+1) = (n + 1) u / (1 - (n + 1) u) < (n + 2) u relative, u = 2^-24
+    rel = (int(counts.sum()) + 2) * 2.0**-24
     expected = (delta.double() * counts).sum() / counts.sum()
-    assert metrics["band/delta_mean"].item() == pytest.approx(expected.item(), rel=1e-6)
+    assert metrics["band/delta_mean"].item() == pytest.approx(expected.item(), rel=rel)
     expected_sq = (delta.double() ** 2 * counts).sum() / counts.sum()
-    assert metrics["band/delta_sq_mean"].item() == pytest.approx(expected_sq.item(), rel=1e-6)
+    assert metrics["band/delta_sq_mean"].item() == pytest.approx(expected_sq.item(), rel=rel)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,6 +199,8 @@ def test_torch_matches_policy_loss_at_ties(dual_clip):
     lp, old, adv = _tie_inputs(lo, hi, dual_clip)
     ploss, pgrad, ratio, surr1, surr2 = _policy_loss_reference(lp, old, adv, eps_low, eps_high, dual_clip)
     out, grad = _loss_and_grad(lp, old, adv, bounds=(lo, hi), dual_clip=dual_clip, backend="torch")
+    # exact on every CPU: the same torch ops (exp of the same same-shaped tensor, then correctly rounded
+    # products, clamp, min / max, where) on the same float32 values, in the same order
     assert torch.equal(out.loss, ploss)
     assert torch.equal(grad, pgrad)
     # the case is meaningful: min-ties with r outside the band, which get half of -r A
@@ -215,15 +220,17 @@ def test_torch_matches_policy_loss_at_ties(dual_clip):
 def interpreter_exp_agrees(log_ratio: torch.Tensor) -> torch.Tensor:
     """Where the interpreter's float32 exp (numpy's, which tl.exp runs on CPU) gives torch's
     float32 exp bit for bit: there the kernel sees the same ratio, so every decision, tie
-    included, is deterministic. Elsewhere the two may differ by an ulp."""
+    included, is deterministic. Elsewhere the two may differ by up to 3 ulps (numpy's SIMD exp is
+    documented to ~2.5 ulps, torch's to 1; where they agree depends on the CPU)."""
     x = log_ratio.detach().float().clamp(-20, 20)
     return torch.from_numpy(np.exp(x.numpy())) == torch.exp(x)
 
 
 @pytest.mark.parametrize("dual_clip", [None, 3.0, 1.3])
 def test_kernel_matches_policy_loss_at_ties(dual_clip):
-    """The kernel follows the same rule, at every token whose ratio lies more than 2 float32 ulps
-    from the bounds and c, or whose float32 ratio the interpreter computes exactly as torch does
+    """The kernel follows the same rule, at every token whose ratio lies more than 3 float32 ulps
+    from the bounds and c (the most the two exps can differ), or whose float32 ratio the interpreter
+    computes exactly as torch does
     (there a tie near a bound is decided identically). With a denormal A the order of the float32
     products may round differently (a few 2^-149): the atol."""
     eps_low, eps_high = 0.2, 0.28
@@ -234,10 +241,11 @@ def test_kernel_matches_policy_loss_at_ties(dual_clip):
     far = torch.ones_like(ratio, dtype=torch.bool)
     for b in [lo, hi] + ([dual_clip] if dual_clip is not None else []):
         b32 = torch.tensor(b)
-        far &= (ratio - b32).abs() > 2 * (torch.nextafter(b32, torch.tensor(math.inf)) - b32)
+        far &= (ratio - b32).abs() > 3 * (torch.nextafter(b32, torch.tensor(math.inf)) - b32)
     same = far | interpreter_exp_agrees(lp - old)
     normal_ties = same & ~far & (surr1 == surr2) & (adv.abs() > 1e-30)
     assert normal_ties.sum() >= 5  # the near-bound ties the kernel must split are in the comparison
+    # r to <= 3 ulps, then one or two correctly rounded products: <= 5 * 2^-23 ~ 6e-7 relative
     torch.testing.assert_close(out.loss[same], ploss[same], rtol=1e-6, atol=0)
     torch.testing.assert_close(grad[same], pgrad[same], rtol=1e-6, atol=3 * _TINY)
 
@@ -254,7 +262,8 @@ def test_at_edge_matches_policy_loss_with_infinite_upper(backend):
     lp = log_q[None, :]
     adv = torch.rand(lp.shape, generator=torch.Generator().manual_seed(3)) + 0.1  # A > 0: the upper side
     lower, upper = band_bounds(old, "tv", 0.05)
-    assert torch.equal(upper, torch.exp(-old.double()).float().expand_as(upper))  # saturated: 1/p
+    # saturated: 1/p, float32 of a float64 exp on both sides (an ulp of float64 apart at most)
+    assert torch.equal(upper, torch.exp(-old.double()).float().expand_as(upper))
     out, grad = _loss_and_grad(lp, old, adv, divergence="tv", delta=0.05, backend=backend, return_bounds=True)
     eps_low = 1.0 - float(lower[0, 0])
     inside = (lp - old) <= -old  # the log-space rule: q <= 1
@@ -264,10 +273,10 @@ def test_at_edge_matches_policy_loss_with_infinite_upper(backend):
     ploss_inf, pgrad_inf, *_ = _policy_loss_reference(lp, old, adv, eps_low, math.inf, None)
     ploss_hi, pgrad_hi, *_ = _policy_loss_reference(lp, old, adv, eps_low, float(upper[0, 0]) - 1.0, None)
     assert not out.clipped_upper[inside].any()
-    if backend == "torch":
+    if backend == "torch":  # the same torch ops on the same values as PolicyLoss (see above): exact
         assert torch.equal(out.loss[inside], ploss_inf[inside]) and torch.equal(grad[inside], pgrad_inf[inside])
         assert torch.equal(out.loss[~inside], ploss_hi[~inside]) and torch.equal(grad[~inside], pgrad_hi[~inside])
-    else:  # the kernel's exp may differ by an ulp: r A to float32 rounding
+    else:  # the kernel's exp may differ by up to 3 ulps, then one rounding: <= 4 * 2^-23 ~ 5e-7 relative
         torch.testing.assert_close(out.loss[inside], ploss_inf[inside], rtol=1e-6, atol=0)
         torch.testing.assert_close(grad[inside], pgrad_inf[inside], rtol=1e-6, atol=0)
 

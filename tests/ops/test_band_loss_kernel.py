@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 os.environ["TRITON_INTERPRET"] = "1"  # before openrlhf_band.ops.band_loss is imported (see above)
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
@@ -52,7 +53,8 @@ def _interpret(monkeypatch):
 # tolerances
 # ----------------------------------------------------------------------------------------------
 # Bounds: the kernel evaluates the band in float64 and rounds once to float32, as band_bounds (the
-# reference's band) does; the two agree to a few float32 ulps (tables vs solver, rounding order).
+# reference's band) does; the two agree to a few float32 ulps (tables vs solver, rounding order;
+# one ulp is 2^-24..2^-23 ~ 6e-8..1.2e-7 relative, so 1e-6 allows ~8-16).
 # Tiny lower bounds (kl's r_low is ~1e-23 at p = 1e-3) are compared with the absolute floor 1e-6,
 # which is far below anything that can change a clip decision for ratios near 1.
 BOUNDS_ATOL, BOUNDS_RTOL = 1e-6, 1e-6
@@ -174,6 +176,8 @@ def assert_outputs_match(case: Case, atol: float, rtol: float, **overrides):
     for name in ("clipped_upper", "clipped_lower", "dual_clipped"):
         k, r = getattr(kout, name), getattr(rout, name)
         assert k.dtype == torch.bool and k.shape == shape, name
+        # exact on every CPU: make_case keeps each log-ratio MARGIN (1e-3) from every edge, ~1e4 times
+        # the float32 rounding by which the backends' ratios and bounds differ
         assert torch.equal(k, r), f"{name}: {(k != r).sum().item()} tokens differ"
     torch.testing.assert_close(kout.lower, rout.lower, atol=BOUNDS_ATOL, rtol=BOUNDS_RTOL)
     torch.testing.assert_close(kout.upper, rout.upper, atol=BOUNDS_ATOL, rtol=BOUNDS_RTOL)
@@ -258,6 +262,7 @@ def test_advantage_layouts(divergence, adv):
     if adv != "token":  # same as the explicitly expanded per-token advantages
         expanded = (case.adv[:, None] if case.adv.dim() == 1 else case.adv).expand(4, 33).contiguous()
         eout, egrad = run(replace(case, adv=expanded), "triton")
+        # the same kernel on the same values (only adv's strides differ): the same float32 ops per token
         assert torch.equal(kout.loss, eout.loss) and torch.equal(kgrad, egrad)
 
 
@@ -288,7 +293,8 @@ def test_mask_dtypes(mask_dtype):
     for flag in (kout.clipped_upper, kout.clipped_lower, kout.dual_clipped):
         assert not flag[~mask].any()
     assert (kout.lower[~mask] == 1).all() and (kout.upper[~mask] == 1).all()
-    # same result as the mask's bool version, and as unmasked-then-zeroed
+    # same result as the mask's bool version, and as unmasked-then-zeroed: exact on every CPU, as the
+    # kernel's arithmetic is per token (no reduction across tokens) and the mask only selects
     bool_out, bool_grad = run(replace(case, mask=mask), "triton")
     assert torch.equal(kout.loss, bool_out.loss) and torch.equal(kgrad, bool_grad)
     full_out, full_grad = run(replace(case, mask=None), "triton")
@@ -325,7 +331,7 @@ def test_garbage_at_masked_positions(divergence, dtype, adv):
     assert torch.equal(kout.loss[~mask], torch.zeros(n_masked))  # exactly 0, not nan
     assert torch.equal(kgrad[~mask].float(), torch.zeros(n_masked))
     assert torch.isfinite(kout.loss).all() and torch.isfinite(kgrad).all()
-    # unmasked tokens are unaffected by what the masked ones hold
+    # unmasked tokens are unaffected by what the masked ones hold (per-token arithmetic: exact)
     cout, cgrad = run(replace(clean, mask=mask), "triton")
     assert torch.equal(kout.loss, cout.loss) and torch.equal(kgrad, cgrad)
 
@@ -370,7 +376,7 @@ def test_non_contiguous_inputs(divergence, adv, kind):
     for t in (strided.log_probs, strided.old, strided.adv, strided.mask, strided.upstream):
         assert not t.is_contiguous()
     (sout, sgrad), _ = assert_outputs_match(strided, 1e-6, 1e-5)
-    cout, cgrad = run(case, "triton")
+    cout, cgrad = run(case, "triton")  # the same kernel reads the same values through other strides
     assert torch.equal(sout.loss, cout.loss) and torch.equal(sgrad, cgrad)
     assert torch.equal(sout.clipped_upper, cout.clipped_upper)
     assert torch.equal(sout.upper, cout.upper) and torch.equal(sout.lower, cout.lower)
@@ -386,7 +392,7 @@ def test_non_contiguous_1d_input():
         upstream=_strided(case.upstream, "step2"),
     )
     (sout, sgrad), _ = assert_outputs_match(strided, 1e-6, 1e-5)
-    cout, cgrad = run(case, "triton")
+    cout, cgrad = run(case, "triton")  # the same kernel reads the same values through other strides
     assert torch.equal(sout.loss, cout.loss) and torch.equal(sgrad, cgrad)
 
 
@@ -481,7 +487,7 @@ def test_returned_bounds_equal_band_bounds(divergence, opts):
     torch.testing.assert_close(out.lower[mask], want_lo[mask], atol=BOUNDS_ATOL, rtol=BOUNDS_RTOL)
     torch.testing.assert_close(out.upper[mask], want_hi[mask], atol=BOUNDS_ATOL, rtol=BOUNDS_RTOL)
     assert (out.lower[~mask] == 1).all() and (out.upper[~mask] == 1).all()
-    # the reference path returns band_bounds itself
+    # the reference path returns band_bounds itself (the same function on the same inputs: exact)
     ref = band_token_loss(lp, old, adv, mask, divergence=divergence, backend="torch", return_bounds=True, **opts)
     assert torch.equal(ref.lower[mask], want_lo[mask]) and torch.equal(ref.upper[mask], want_hi[mask])
 
@@ -502,7 +508,7 @@ def test_flags_are_sign_aware(divergence, backend):
     assert ((adv > 0) & (r > hi))[out.clipped_upper].all()
     assert ((adv < 0) & (r < lo))[out.clipped_lower].all()
     assert ((adv < 0) & (r > 3.0))[out.dual_clipped].all()
-    # ... and the converse (inputs are MARGIN away from every edge)
+    # ... and the converse (inputs are MARGIN away from every edge, far beyond float32 rounding)
     assert torch.equal(out.clipped_upper, (adv > 0) & (r > hi))
     assert torch.equal(out.clipped_lower, (adv < 0) & (r < lo))
     assert torch.equal(out.dual_clipped, (adv < 0) & (r > 3.0))
@@ -563,6 +569,8 @@ def test_p_below_float32_normal_range(divergence, upper_cap):
     lp[0, ::7] = -1.0  # log-ratio beyond the clamp
     adv = torch.randn(old.shape, generator=g)
     case = Case(lp, old, adv, None, torch.randn(old.shape, generator=g), {"divergence": divergence})
+    # (its exact flag comparison: the 71 random ratios are not MARGIN-placed, but only the cap of 10
+    # can clip here, and the chance that one lies within float32 rounding of it is ~1e-6)
     (kout, kgrad), _ = assert_outputs_match_loss_only(case, upper_cap=upper_cap)
     assert torch.isfinite(kout.loss).all() and torch.isfinite(kgrad).all()
     assert kout.clipped_upper.any() == (upper_cap is not None)
@@ -572,9 +580,14 @@ def test_p_below_float32_normal_range(divergence, upper_cap):
 # former discrepancies, fixed: exact dual-clip ties, and bounds where 1/p overflows float32
 # ----------------------------------------------------------------------------------------------
 def test_dual_clip_tie_gradient_matches_reference():
+    # r == c exactly on both backends needs a log-ratio whose float32 exp the interpreter (numpy's)
+    # and torch compute alike: they differ by up to 2-3 ulps on ~40% of inputs, by CPU and SIMD path
     old = torch.tensor([[-1.0]])
-    lp = torch.tensor([[0.5]])
-    dual_clip = torch.exp(lp - old).item()  # the float32 ratio, exactly
+    x = 1.5 + torch.arange(64, dtype=torch.float32) * 2.0**-20  # lp - old == x exactly (lp = x - 1)
+    numpy_exp = np.exp(x.numpy())  # as the interpreter runs tl.exp: numpy on a contiguous block
+    x = next(v for v, e in zip(x, numpy_exp) if torch.exp(v.reshape(1, 1)).item() == e)  # torch on (1, 1)
+    lp = (x - 1.0).reshape(1, 1)
+    dual_clip = torch.exp(lp - old).item()  # the float32 ratio, exactly (the same on both backends)
     case = Case(lp, old, torch.tensor([[-1.0]]), None, torch.ones(1, 1), {"dual_clip": dual_clip})
     _, kgrad = run(case, "triton")
     _, rgrad = run(case, "torch")
@@ -714,6 +727,9 @@ def test_per_sequence_delta(layout):
     for backend in ("triton", "torch"):
         by_row, _ = run(case, backend, delta=delta)
         by_token, _ = run(case, backend)
+        # the same float64 band from the same radii, read through other strides, rounded once to
+        # float32 (a float64 exp / log taking another SIMD path for another layout moves it by a
+        # float64 ulp, which changes the float32 result with probability ~2^-29 per token)
         assert torch.equal(by_row.loss, by_token.loss) and torch.equal(by_row.upper, by_token.upper), backend
 
 
@@ -723,10 +739,12 @@ def test_a_constant_delta_tensor_gives_the_scalar_result(divergence):
     for backend in ("triton", "torch"):
         scalar, scalar_grad = run(case, backend)
         tensor, tensor_grad = run(case, backend, delta=torch.full((3, 47), 0.05))
+        # kl / reverse_kl: a table for the scalar, a solver for the tensor, each rounded once to float32:
+        # a float32 ulp or two apart (~1.2e-7 each), and so are the loss and gradient (bound * A)
         torch.testing.assert_close(tensor.loss, scalar.loss, atol=1e-6, rtol=2e-6)
         torch.testing.assert_close(tensor_grad, scalar_grad, atol=1e-6, rtol=2e-6)
         torch.testing.assert_close(tensor.upper, scalar.upper, atol=1e-6, rtol=2e-6)
-        for name in ("clipped_upper", "clipped_lower"):
+        for name in ("clipped_upper", "clipped_lower"):  # exact: MARGIN-placed ratios
             assert torch.equal(getattr(tensor, name), getattr(scalar, name)), (backend, name)
 
 
@@ -772,7 +790,9 @@ def test_a_ratio_on_the_saturated_edge_is_inside_the_band(divergence, delta, p, 
     ps = torch.linspace(p, 1.0 - 1e-6, 1000, dtype=torch.float64)
     old = torch.cat([torch.log(ps).float(), torch.zeros(24)])  # p in [p, 1 - 1e-6], and p = 1
     lower, upper = band_bounds(old, divergence, delta)
-    assert torch.equal(upper[:1000].double(), torch.exp(-old[:1000].double()).float().double())  # all saturated
+    # all saturated: the edge is float32(exp(-log p)) computed in float64, as here (two float64 exps an
+    # ulp apart give another float32 with probability ~2^-29 per value)
+    assert torch.equal(upper[:1000].double(), torch.exp(-old[:1000].double()).float().double())
     delta_arg = torch.full_like(old, delta) if per_token else delta
     adv = torch.ones_like(old)
     for new, clipped in ((torch.zeros_like(old), False), (torch.full_like(old, 1e-3), True)):
@@ -783,6 +803,7 @@ def test_a_ratio_on_the_saturated_edge_is_inside_the_band(divergence, delta, p, 
             lp = new.clone().requires_grad_()
             out = band_token_loss(lp, old, adv, divergence=divergence, delta=delta_arg, backend=backend)
             (grad,) = torch.autograd.grad(out.loss.sum(), lp)
+            # -r A with A = 1: float32 exp on each side, a few ulps apart (1e-6 ~ 8-16 ulps)
             torch.testing.assert_close(grad, -torch.exp(-old), rtol=1e-6, atol=1e-6)
 
 
@@ -822,7 +843,8 @@ def test_kl_bound_that_rounds_to_the_edge_is_the_edge(delta, per_token, backend)
     adv = torch.ones_like(old)
     out = band_token_loss(torch.zeros_like(old), old, adv, divergence="kl", delta=delta_arg, backend=backend,
                           return_bounds=True)  # fmt: skip
-    # the returned bound is the edge exactly where the 60-digit bound rounds to it
+    # the returned bound is the edge exactly where the 60-digit bound rounds to it (float32 of a float64
+    # exp(-log p) on both sides: see test_a_ratio_on_the_saturated_edge_is_inside_the_band)
     assert torch.equal(out.upper[on_edge], edge32[on_edge])
     assert not out.clipped_upper[on_edge].any(), old[on_edge & out.clipped_upper]
     # q > 1 (an invalid new log-prob, one float32 step above 0) is clipped there

@@ -13,13 +13,14 @@ gradient), and a fully masked row with a nan per-sequence radius.
 
 Compared: loss, the four flags (floor_clipped too), the returned bounds, and d sum(loss * upstream) / d log_probs
 for a random upstream. The one tolerated difference is a clip decision (and the loss and gradient
-that follow) at a token whose float32 ratio lies within two float32 ulps of a bound (either
+that follow) at a token whose float32 ratio lies within three float32 ulps of a bound (either
 backend's) or of the dual-clip threshold: the interpreter's float32 exp (numpy's) is not
-correctly rounded and can differ from torch's by an ulp. `test_near_bound_where_ratio_and_bound_agree`
-then holds even those tokens to exact agreement wherever the two backends provably see the same
-ratio and the same bound (ties included). Masked positions must be exactly 0 in loss and gradient
-on both backends. Bounds agree to 1e-6 relative (1e-6 absolute for tiny lower bounds): the kernel
-and band_bounds reach the float64 band by different routes before rounding once to float32.
+correctly rounded and can differ from torch's by up to three ulps (see NEAR_ULPS).
+`test_near_bound_where_ratio_and_bound_agree` then holds even those tokens to exact agreement
+wherever the two backends provably see the same ratio and the same bound (ties included). Masked
+positions must be exactly 0 in loss and gradient on both backends. Bounds agree to 1e-6 relative
+(1e-6 absolute for tiny lower bounds): the kernel and band_bounds reach the float64 band by
+different routes before rounding once to float32.
 
 Runtime: ~1-2 minutes in the interpreter (each case is one forward and one backward launch of
 8-16 programs per backend).
@@ -51,14 +52,22 @@ if not isinstance(band_loss_module._band_loss_fwd_kernel, InterpretedFunction):
 FLAGS = ("clipped_upper", "clipped_lower", "dual_clipped", "floor_clipped")
 TINY = 2.0**-149  # smallest float32 denormal
 BOUNDS_ATOL, BOUNDS_RTOL = 1e-6, 1e-6
-# the loss at a clipped token is bound * A: the bounds' relative tolerance, plus exp's ulp
+# the loss at a clipped token is bound * A: the bounds' relative tolerance (1e-6), plus exp's <= 3 ulps
+# and one rounding (<= 4 * 2^-23 ~ 5e-7)
 LOSS_RTOL = 2e-6
-# gradients: float32 -u r A to a few ulps; bfloat16 is that float32 value rounded by each backend
+# gradients: float32 -u r A to a few ulps (exp's <= 3 and two roundings on each side: <= 7 * 2^-23 ~ 8e-7
+# relative); bfloat16 is that float32 value rounded by each backend
 # (one bf16 ulp apart where it straddles a rounding boundary). With a denormal A the two backends
 # multiply u, r and A in different orders, and a denormal intermediate loses up to 2^-150: the
 # absolute error is then up to ~(r + |u|) 2^-149, the atol per token (see `_assert_grad_close`).
 GRAD_RTOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3}
-NEAR_ULPS = 2
+# Where the sweep places ratios: 0-2 float32 ulps from a bound or c.
+PLACE_ULPS = 2
+# Tokens this close to a bound or c (in float32 ulps) may be decided differently by the two backends:
+# numpy's SIMD float32 exp (the interpreter's tl.exp) is documented to ~2.5 ulps of exp, torch's (Sleef,
+# glibc) to 1 ulp, so the two may lie up to 3 float32 steps apart (2 measured on x86-64); the
+# comparison of exact decisions starts at 4 steps away.
+NEAR_ULPS = 3
 
 
 @pytest.fixture(autouse=True)
@@ -188,12 +197,12 @@ def make_case(cfg: Config, seed: int = 0) -> dict:
                              **cfg.band_options)  # fmt: skip
         return lo.reshape(-1), hi.reshape(-1)
 
-    # the ratio of each token: random at several scales (~6% beyond the +-20 clamp), or 0-2 ulps
+    # the ratio of each token: random at several scales (~6% beyond the +-20 clamp), or 0-PLACE_ULPS ulps
     # from its lower bound, its upper bound or the dual-clip threshold c
     kind = torch.randint(0, 10, (n,), generator=g)
     scales = torch.tensor([0.02, 0.2, 1.0, 8.0], dtype=torch.float64)
     log_r = torch.randn(n, dtype=torch.float64, generator=g) * scales[torch.randint(0, 4, (n,), generator=g)]
-    k = torch.randint(-NEAR_ULPS, NEAR_ULPS + 1, (n,), generator=g)
+    k = torch.randint(-PLACE_ULPS, PLACE_ULPS + 1, (n,), generator=g)
     c = torch.full((n,), math.nan if cfg.dual_clip is None else cfg.dual_clip)
 
     def target_fn(o: torch.Tensor) -> torch.Tensor:
@@ -303,7 +312,7 @@ def test_differential(cfg: Config):
     (kres, kgrad), (rres, rgrad) = results(cfg)["triton"], results(cfg)["torch"]
     mask = case["mask"]
     ratio, _ = _ratio(case)
-    # the sweep places what it claims: ratios within 2 ulps of the bounds
+    # the sweep places what it claims: ratios within PLACE_ULPS (<= NEAR_ULPS) ulps of the bounds
     near = _near(ratio, _edges(cfg, kres, rres)) & mask
     assert near.sum() > (0.05 if cfg.dtype == torch.float32 else 0.002) * mask.sum()
 
@@ -321,7 +330,7 @@ def test_differential(cfg: Config):
 
     # everything else at unmasked tokens away from the bounds
     cmp = mask & ~near
-    for name in FLAGS:
+    for name in FLAGS:  # exact on every CPU: the two ratios differ by less than the distance to any edge
         k, r = getattr(kres, name), getattr(rres, name)
         assert torch.equal(k[cmp], r[cmp]), f"{name}: {(k[cmp] != r[cmp]).sum().item()} tokens differ"
     torch.testing.assert_close(kres.loss[cmp], rres.loss[cmp], rtol=LOSS_RTOL, atol=4 * TINY)

@@ -32,7 +32,9 @@ def test_quick_demo_writes_finite_metrics_and_all_three_files(quick):
             assert math.isfinite(float(r[key])), (key, r)
         assert 0.0 <= float(r["mean@32"]) <= float(r["pass@32"]) <= 1.0
     start = [r for r in rows if r["step"] == "0"]
-    assert start[0]["mean@32"] == start[1]["mean@32"]  # both methods start from the same checkpoint
+    # both methods start from the same checkpoint: the same evaluation of the same weights on one machine
+    # (one torch thread per run), so the same float, whatever the CPU
+    assert start[0]["mean@32"] == start[1]["mean@32"]
     assert (quick / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (quick / "summary.txt").read_text()
     assert "paired differences to clip" in text and "clip rates per old-probability bin" in text
@@ -167,6 +169,7 @@ def test_floor_methods_lower_bounds_are_at_least_the_floor(method):
     assert (lower >= floor).all()
     band_lower, _ = band_bounds(old, "kl", cfg.delta, upper_cap=cfg.upper_cap)
     if not loss_fn.needs_entropy:  # the constant radius: the band's bounds with the floor, exactly
+        # (the same band_bounds call on the same inputs, then a max, which does not round)
         assert torch.equal(lower, band_lower.clamp(min=floor))
         ref_lower, ref_upper = demo.method_bounds(method, cfg)(old)
         assert torch.equal(lower, ref_lower) and torch.equal(upper, ref_upper)
@@ -195,6 +198,7 @@ def test_dppo_methods_have_no_cap_and_truncate(method):
     loss_fn(old + 0.01, old, torch.ones(2, 1), action_mask=torch.ones_like(old))
     lower, upper = loss_fn.last_bounds
     ref_lower, ref_upper = band_bounds(old, spec["divergence"], spec["delta"])  # no cap
+    # exact: the loss calls band_bounds with the same arguments (lower_delta == delta: the plain path)
     assert torch.equal(upper, ref_upper) and torch.equal(lower, ref_lower)
     assert upper[0, 0] > 10.0  # p = 0.001: above the band methods' cap of 10
     assert "band/truncated_frac" in loss_fn.band_metrics
