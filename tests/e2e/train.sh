@@ -76,9 +76,16 @@ cleanup() {
       [[ -z "$(run_pids)" ]] && break
       sleep 0.5
     done
-    pids="$(run_pids)"
-    # shellcheck disable=SC2086
-    [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
+    # What is left is killed, and waited for: a process only leaves /proc once it has died, and a
+    # loaded machine (seen: two cores, another test suite beside this one) takes a while to get there;
+    # a Ray daemon may also have started a worker after the list above was read.
+    for _ in $(seq 1 20); do
+      pids="$(run_pids)"
+      [[ -z "$pids" ]] && break
+      # shellcheck disable=SC2086
+      kill -KILL $pids 2>/dev/null || true
+      sleep 0.5
+    done
   fi
   rm -rf "$RAY_TMP"
 }
