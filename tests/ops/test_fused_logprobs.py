@@ -28,6 +28,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+from float32_bounds import UNIT_ROUNDOFF as U
+from float32_bounds import gamma
 from openrlhf.models.utils import compute_entropy, log_probs_from_logits
 from torch.profiler import ProfilerActivity, profile
 
@@ -40,12 +42,6 @@ N, H, V = 37, 16, 211  # odd sizes: no chunk below divides N = 37 except 1 and N
 
 GRAD_TOLERANCE = {torch.bfloat16: torch.finfo(torch.bfloat16).eps, torch.float16: 2 * torch.finfo(torch.float16).eps}
 GRAD_TOLERANCE[torch.float32] = 2e-5
-U = 2.0**-24  # float32 unit roundoff
-
-
-def gamma(n: int) -> float:
-    """Higham's gamma_n: the relative error bound of an n-term float32 sum or dot product, any order."""
-    return n * U / (1 - n * U)
 
 
 def forward_bounds(hidden, weight, bias, labels, temperature, logits_dtype):
