@@ -82,15 +82,10 @@ class HeadRun:
     grad_entropy_max: float = 0.0
 
 
-def run_head(actor: Actor, with_entropy: bool, seed: int = 0, backward: bool = True,
-             d_hidden_for_body: torch.Tensor | None = None) -> HeadRun:  # fmt: skip
-    """Forward (and backward) of `actor` on `batch(seed)`, the head's input and its gradient captured.
-
-    d_hidden_for_body, when given, replaces the head's input gradient before it flows into the body,
-    so that the body's backward runs on the same bits as in the run that produced it.
-    """
-    sequences, attention_mask, action_mask = batch(seed)
-    seen = {}
+def capture_head_input(norm: torch.nn.Module, seen: dict, d_hidden_for_body: torch.Tensor | None):
+    """A forward hook on the final norm (the head's input): records it in seen["hidden"] and its gradient
+    in seen["d_hidden"]; d_hidden_for_body, when given, replaces that gradient before it flows into the
+    body, so that the body's backward runs on the same bits as in the run that produced it."""
 
     def on_head_input(_module, _inputs, hidden):
         seen["hidden"] = hidden.detach().clone()
@@ -102,7 +97,24 @@ def run_head(actor: Actor, with_entropy: bool, seed: int = 0, backward: bool = T
 
             hidden.register_hook(on_grad)
 
-    handle = actor.model.model.norm.register_forward_hook(on_head_input)
+    return norm.register_forward_hook(on_head_input)
+
+
+def head_weight_bound(bounds, tied: bool, grad_a: torch.Tensor, grad_b: torch.Tensor, unit_roundoff: float):
+    """The head weight's bound: d W's, plus, for a tied embedding (the head's d W added to the same
+    lookup gradient in both runs), one rounding of that sum."""
+    if not tied:
+        return bounds.d_weight
+    return bounds.d_weight + unit_roundoff * (grad_a.abs() + grad_b.abs())
+
+
+def run_head(actor: Actor, with_entropy: bool, seed: int = 0, backward: bool = True,
+             d_hidden_for_body: torch.Tensor | None = None) -> HeadRun:  # fmt: skip
+    """Forward (and backward) of `actor` on `batch(seed)`, the head's input and its gradient captured
+    (d_hidden_for_body: see `capture_head_input`)."""
+    sequences, attention_mask, action_mask = batch(seed)
+    seen = {}
+    handle = capture_head_input(actor.model.model.norm, seen, d_hidden_for_body)
     try:
         with torch.set_grad_enabled(backward):
             log_probs, output = actor(sequences, action_mask, attention_mask=attention_mask, return_output=True,
@@ -154,9 +166,7 @@ def assert_same_head_and_body(plain_actor: Actor, plain: HeadRun, fused: HeadRun
     assert_within(fused.d_hidden, plain.d_hidden, bounds.d_hidden, "d hidden")
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     head = "model.model.embed_tokens.weight" if tied else "model.lm_head.weight"
-    head_bound = bounds.d_weight
-    if tied:  # the head's d W plus the same lookup gradient: one more rounding of that sum
-        head_bound = head_bound + torch.finfo(dtype).eps / 2 * (plain.grads[head].abs() + fused.grads[head].abs())
+    head_bound = head_weight_bound(bounds, tied, plain.grads[head], fused.grads[head], torch.finfo(dtype).eps / 2)
     assert_within(fused.grads[head], plain.grads[head], head_bound, head)
     for name in plain.grads:
         if name != head:
@@ -315,17 +325,7 @@ def zero3_backward(model: Qwen2ForCausalLM, fused: bool, d_hidden_for_body: torc
     module = actor.model.module
     assert hasattr(module.lm_head.weight, "ds_id")  # partitioned by ZeRO-3
     seen = {}
-
-    def on_head_input(_module, _inputs, hidden):
-        seen["hidden"] = hidden.detach().clone()
-
-        def on_grad(grad):
-            seen["d_hidden"] = grad.detach().clone()
-            return None if d_hidden_for_body is None else d_hidden_for_body.clone()
-
-        hidden.register_hook(on_grad)
-
-    handle = module.model.norm.register_forward_hook(on_head_input)
+    handle = capture_head_input(module.model.norm, seen, d_hidden_for_body)
     actor.train()
     sequences, attention_mask, action_mask = batch(3)
     log_probs, output = actor(sequences, action_mask, attention_mask=attention_mask, return_output=True,
@@ -377,7 +377,6 @@ def zero3_comparison(tied: bool) -> None:
     sequences, _, _ = batch(3)
     bounds = lm_head_bounds(plain.hidden, before.lm_head.weight, sequences.roll(-1, dims=1), 0.7,
                             plain.grad_log_probs_max, plain.grad_entropy_max)  # fmt: skip
-    per_token = lambda bound: bound.reshape(BATCH, SEQ)[:, :-1]  # noqa: E731 - as Actor.forward shifts
     head = "model.embed_tokens.weight" if tied else "lm_head.weight"
     ratios = {
         "log_probs": assert_within(fused.log_probs, plain.log_probs, per_token(bounds.log_probs)[:, -ACTIONS:],
@@ -385,9 +384,7 @@ def zero3_comparison(tied: bool) -> None:
         "entropy": assert_within(fused.entropy, plain.entropy, per_token(bounds.entropy), "entropy"),
         "d_hidden": assert_within(fused.d_hidden, plain.d_hidden, bounds.d_hidden, "d hidden"),
     }  # fmt: skip
-    head_bound = bounds.d_weight
-    if tied:  # the head's d W plus the same lookup gradient: one more rounding of the sum
-        head_bound = head_bound + UNIT_ROUNDOFF * (plain.grads[head].abs() + fused.grads[head].abs())
+    head_bound = head_weight_bound(bounds, tied, plain.grads[head], fused.grads[head], UNIT_ROUNDOFF)
     ratios["d_head_weight"] = assert_within(fused.grads[head], plain.grads[head], head_bound, head)
     body = [name for name in plain.grads if name not in (head, "lm_head.weight")]
     for name in body:
