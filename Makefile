@@ -18,7 +18,7 @@ venv: $(STAMP)
 # patch set (band loss, flags, metrics, imports without flash-attn / vLLM) goes onto it.
 # The stamps also depend on the patch set: a changed patch set needs the released files back first,
 # hence --force-reinstall of openrlhf (a few seconds from pip's cache) before `patch apply`.
-PATCH_SET := $(wildcard openrlhf_band/integration/patches/openrlhf-0.11.2/*)
+PATCH_SET := $(wildcard openrlhf_band/patching/patches/openrlhf-0.11.2/*)
 # Test-only ground truth: verl's released DPPO losses (tests/integration/test_dppo_verl.py reads its
 # source file from here). --target keeps it out of site-packages: nothing imports verl, and its wheel
 # ships top-level `tests` and `scripts` packages that must not shadow ours.
@@ -103,7 +103,7 @@ unit-cpu-paths: $(STAMP)
 e2e: $(STAMP) $(E2E_STAMP)
 	$(PY) -m pytest tests/e2e
 
-SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/integration/patches/regenerate.sh .ci/run tests/e2e/*.sh requirements/lock.sh
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/patching/patches/regenerate.sh .ci/run tests/e2e/*.sh requirements/lock.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench

@@ -1,6 +1,7 @@
-"""Everything OpenRLHF-facing: the band's flags and their validation, `BandPolicyLoss`, its metrics,
-the stand-ins that let the patched OpenRLHF import without flash-attn or vLLM, `check-args`, and the
-patch tool with the patch set it applies (`patches/`).
+"""The runtime face, what the patched OpenRLHF calls: the band's flags and their validation,
+`BandPolicyLoss`, its metrics, the hooks around the loss, the fused log-probs head, and the stand-ins
+that let the patched OpenRLHF import without flash-attn or vLLM. The commands that operate on an
+OpenRLHF install (the patch tool, check-args, the patch set) are in `openrlhf_band.patching`.
 
 This package is the one import path of the patch set: the patched OpenRLHF files import only names
 re-exported here, so moving code inside openrlhf_band never changes the patches.

@@ -38,13 +38,13 @@ BENCHMARKS = {
 
 
 def _cmd_patch(args: argparse.Namespace) -> int:
-    from openrlhf_band.integration import patching
+    from openrlhf_band.patching import patcher as patching
 
     return patching.main(args)
 
 
 def _cmd_check_args(args: argparse.Namespace) -> int:
-    from openrlhf_band.integration.check_args import main as check_args_main
+    from openrlhf_band.patching.check_args import main as check_args_main
 
     return check_args_main(args.train_args)
 
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plot_bounds)
 
     p = sub.add_parser("patch", help="apply / check / revert / status of the OpenRLHF 0.11.2 patch set")
-    from openrlhf_band.integration import patching
+    from openrlhf_band.patching import patcher as patching
 
     patching.add_arguments(p)
     p.set_defaults(func=_cmd_patch)

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from openrlhf_band.integration.check_args import validate_train_args
 from openrlhf_band.integration.flags import band_loss_kwargs, resolved_loss_config
-from openrlhf_band.integration.patching import find_site_packages
+from openrlhf_band.patching.check_args import validate_train_args
+from openrlhf_band.patching.patcher import find_site_packages
 
 BASE = [
     "--actor.model_name_or_path", "some/model", "--algo.advantage.estimator", "group_norm",

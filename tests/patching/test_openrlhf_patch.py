@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_band.integration import patching
+from openrlhf_band.patching import patcher as patching
 
 
 def _installed_root() -> Path:
@@ -161,5 +161,5 @@ def test_a_regular_install_ships_the_patch_set(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = tmp_path.glob("openrlhf_band-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {f"openrlhf_band/integration/patches/{p.parent.name}/{p.name}" for p in patching.PATCH_DIR.iterdir()}
+    shipped = {f"openrlhf_band/patching/patches/{p.parent.name}/{p.name}" for p in patching.PATCH_DIR.iterdir()}
     assert shipped and shipped <= names, sorted(shipped - names)

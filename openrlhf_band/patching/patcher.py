@@ -1,6 +1,6 @@
 """`openrlhf-band patch apply|check|revert|status`: the thin patch set against openrlhf==0.11.2.
 
-The patches live in `openrlhf_band/patches/openrlhf-<version>/` (also reachable as `patches/` at the
+The patches live in `openrlhf_band/patching/patches/openrlhf-<version>/` (also `patches/` at the
 repository root): one unified diff per file, generated with `diff -u` from real edits of the
 released files (see `patches/regenerate.sh`), and `manifest.json` with the sha256 of each file as
 released and as patched. Before touching anything the tool checks that the installed openrlhf is
@@ -280,7 +280,7 @@ def regenerate(released_root: Path, edited_root: Path, files: list[str], patch_d
     (patch_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-if __name__ == "__main__":  # python -m openrlhf_band.integration.patching regenerate RELEASED_ROOT EDITED_ROOT FILE...
+if __name__ == "__main__":  # python -m openrlhf_band.patching.patcher regenerate RELEASED_ROOT EDITED_ROOT FILE...
     if len(sys.argv) < 5 or sys.argv[1] != "regenerate":
-        sys.exit("usage: python -m openrlhf_band.integration.patching regenerate RELEASED_ROOT EDITED_ROOT FILE...")
+        sys.exit("usage: python -m openrlhf_band.patching.patcher regenerate RELEASED_ROOT EDITED_ROOT FILE...")
     regenerate(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:])

@@ -32,7 +32,7 @@ case "$action" in
     echo "released files in $work/a, patched copies to edit in $work/b"
     ;;
   diff)
-    "$python" -m openrlhf_band.integration.patching regenerate "$work/a" "$work/b" "${files[@]}"
+    "$python" -m openrlhf_band.patching.patcher regenerate "$work/a" "$work/b" "${files[@]}"
     echo "wrote $here/openrlhf-0.11.2/"
     ;;
   *) echo "usage: regenerate.sh extract|diff WORKDIR" >&2; exit 2 ;;
