@@ -18,13 +18,15 @@ _PUBLIC = {
     "band_token_loss": "openrlhf_band.functional",
     "BandKernelFallbackWarning": "openrlhf_band.functional",
     "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
-    "BandTokenLoss": "openrlhf_band.ops.reference",
+    "BandTokenLoss": "openrlhf_band.ops.token_loss",
+    "BandSpec": "openrlhf_band.band.spec",
     "fused_linear_logprobs": "openrlhf_band.ops.fused_logprobs",
 }
 __all__ = [
     "DIVERGENCES",
     "BandKernelFallbackWarning",
     "BandPolicyLoss",
+    "BandSpec",
     "BandTokenLoss",
     "Divergence",
     "band_bounds",
@@ -38,10 +40,11 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from openrlhf_band.band.bounds import band_bounds
     from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
+    from openrlhf_band.band.spec import BandSpec
     from openrlhf_band.functional import BandKernelFallbackWarning, band_token_loss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
     from openrlhf_band.ops.fused_logprobs import fused_linear_logprobs
-    from openrlhf_band.ops.reference import BandTokenLoss
+    from openrlhf_band.ops.token_loss import BandTokenLoss
 
 
 def __getattr__(name: str):

@@ -23,8 +23,10 @@ import warnings
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import is_positive_finite_number, is_real_number, validate_band
-from openrlhf_band.ops.reference import BandTokenLoss, band_token_loss_reference
+from openrlhf_band.band.dcpo import dcpo_rule_bounds
+from openrlhf_band.band.spec import BandSpec, is_real_number, radius_view, spec_from_keywords
+from openrlhf_band.ops.reference import band_token_loss_reference
+from openrlhf_band.ops.token_loss import BandTokenLoss
 
 BACKENDS = ("auto", "triton", "torch")
 
@@ -62,16 +64,11 @@ def _kernel_variant(
     old_log_probs: Tensor,
     advantages: Tensor,
     action_mask: Tensor | None,
-    divergence: str,
-    delta: float | Tensor,
-    upper_cap: float | None,
-    relax: tuple[float, float] | None,
+    spec: BandSpec,
+    radius: Tensor | None,
     dual_clip: float | None,
     return_bounds: bool,
     bounds: tuple[Tensor, Tensor] | None,
-    lower_floor: float | None = None,
-    lower_delta: float | None = None,
-    ratio_truncation: float | None = None,
 ) -> tuple:
     """What one compilation of the kernel depends on: the device, the dtypes of the tensors it
     reads, how the band is obtained and which optional features are on (its constexprs). A failure
@@ -82,15 +79,15 @@ def _kernel_variant(
         old_log_probs.dtype,
         advantages.dtype,
         None if action_mask is None else action_mask.dtype,
-        "bounds" if bounds is not None else divergence,
-        delta.dtype if isinstance(delta, Tensor) else "scalar",
-        upper_cap is not None,
-        relax is not None,
+        "bounds" if bounds is not None else spec.divergence,
+        radius.dtype if radius is not None else "scalar",
+        spec.upper_cap is not None,
+        spec.relax is not None,
         dual_clip is not None,
         bool(return_bounds),
-        lower_floor is not None,
-        lower_delta is not None,
-        ratio_truncation is not None,
+        spec.lower_floor is not None,
+        spec.lower_delta is not None,
+        spec.ratio_truncation is not None,
     )
 
 
@@ -150,29 +147,6 @@ def _failure_message(err: BaseException, variant: tuple) -> str:
         f"openrlhf_band: the fused Triton kernel of band_token_loss failed to compile or launch "
         f"(device, dtypes and options: {variant}): {type(err).__name__}: {text}"
     )
-
-
-def _delta_view(delta: Tensor, log_probs: Tensor) -> Tensor:
-    """A per-token or per-sequence radius as a tensor that broadcasts to log_probs.
-
-    For 2-D (B, T) log_probs a 1-D radius of length B is one radius per sequence and becomes
-    (B, 1), also when B == T (as for advantages: a square batch must not silently switch to a
-    per-column reading); anything else must broadcast as it is (per token (B, T), (B, 1), ...).
-    """
-    if not delta.is_floating_point():
-        raise ValueError(f"a per-token delta must be a floating-point tensor, got {delta.dtype}")
-    if delta.device != log_probs.device:
-        raise ValueError(f"delta is on {delta.device}, log_probs on {log_probs.device}")
-    if log_probs.dim() == 2 and delta.dim() == 1 and delta.shape[0] == log_probs.shape[0]:
-        delta = delta.unsqueeze(-1)
-    try:
-        torch.broadcast_shapes(delta.shape, log_probs.shape)
-    except RuntimeError:
-        raise ValueError(
-            f"delta of shape {tuple(delta.shape)} does not fit log_probs of shape {tuple(log_probs.shape)}: "
-            "expected a number, per token (same shape), or per sequence (B, 1) / (B,)"
-        ) from None
-    return delta
 
 
 def _given_bounds(
@@ -283,19 +257,38 @@ def band_token_loss(
             log_probs or on CPU without the interpreter.
         RuntimeError: backend="triton" and the kernel failed to compile or launch.
     """
+    spec, radius = spec_from_keywords(divergence, delta, upper_cap=upper_cap, relax=relax, lower_floor=lower_floor,
+                                      lower_delta=lower_delta, ratio_truncation=ratio_truncation)  # fmt: skip
+    return band_token_loss_from_spec(
+        log_probs, old_log_probs, advantages, action_mask, spec, radius=radius, dual_clip=dual_clip, backend=backend,
+        return_bounds=return_bounds, bounds=bounds,
+    )  # fmt: skip
+
+
+def band_token_loss_from_spec(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None,
+    spec: BandSpec,
+    *,
+    radius: Tensor | None = None,
+    dual_clip: float | None = None,
+    backend: str = "auto",
+    return_bounds: bool = False,
+    bounds: tuple[Tensor | float, Tensor | float] | None = None,
+) -> BandTokenLoss:
+    """`band_token_loss` with the band as a `BandSpec` (validated when it was built: not again here)
+    and `radius`, an optional per-call radius tensor in place of spec.delta (per token (B, T), or
+    per sequence (B, 1) / (B,)). A dcpo-rule spec's bounds are DCPO's (then its floor). The other
+    arguments, the outputs and the errors are `band_token_loss`'s."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    # on both backends, also when `bounds` replace the band
-    band_options = dict(lower_floor=lower_floor, lower_delta=lower_delta)
-    if isinstance(delta, Tensor):
-        validate_band(divergence, 1.0, upper_cap, relax, **band_options, delta_is_tensor=True)
-        delta = _delta_view(delta, log_probs)
-    else:
-        validate_band(divergence, delta, upper_cap, relax, **band_options)
+    spec.check_radius(radius)
+    if radius is not None:
+        radius = radius_view(radius, log_probs)
     if dual_clip is not None and not (is_real_number(dual_clip) and dual_clip > 1.0):
         raise ValueError(f"dual_clip must be > 1 (OpenRLHF's rule), got {dual_clip!r}")
-    if ratio_truncation is not None and not is_positive_finite_number(ratio_truncation):
-        raise ValueError(f"ratio_truncation must be a positive finite number (DPPO's c), got {ratio_truncation!r}")
     if old_log_probs.shape != log_probs.shape:
         raise ValueError(
             f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
@@ -308,6 +301,8 @@ def band_token_loss(
             f"advantages of shape {tuple(advantages.shape)} do not fit log_probs of shape "
             f"{tuple(log_probs.shape)}: expected per token (same shape) or, for (B, T), per sequence (B, 1) / (B,)"
         )
+    if bounds is None and spec.rule == "dcpo":
+        bounds = dcpo_rule_bounds(spec, old_log_probs, apply_floor=False)  # the loss applies the floor
     if bounds is not None:
         bounds = _given_bounds(bounds, log_probs, action_mask)
     if backend == "triton" and log_probs.dtype == torch.float64:
@@ -316,11 +311,7 @@ def band_token_loss(
         backend == "auto" and log_probs.dtype != torch.float64 and _auto_uses_kernel(log_probs.device)
     )
     args = (log_probs, old_log_probs, advantages, action_mask)
-    options = dict(
-        divergence=divergence, delta=delta, upper_cap=upper_cap, relax=relax, dual_clip=dual_clip,
-        return_bounds=return_bounds, bounds=bounds, lower_floor=lower_floor, lower_delta=lower_delta,
-        ratio_truncation=ratio_truncation,
-    )  # fmt: skip
+    options = dict(spec=spec, radius=radius, dual_clip=dual_clip, return_bounds=return_bounds, bounds=bounds)
     if use_triton:
         if not _triton_usable(log_probs.device):
             raise ValueError(

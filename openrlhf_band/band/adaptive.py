@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import PER_TOKEN_DELTA_RANGE, is_positive_finite_number, is_real_number
+from openrlhf_band.band.bounds import PER_TOKEN_DELTA_RANGE
 from openrlhf_band.band.divergences import get_divergence
+from openrlhf_band.band.spec import is_positive_finite_number, is_real_number
 
 ADAPTIVE_RULES = ("none", "entropy")
 CONTROLLER_ERROR_CLIP = 0.2

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from openrlhf_band.band.dcpo import dcpo_rule_bounds
 from openrlhf_band.band.divergences import Divergence, get_divergence
+from openrlhf_band.band.spec import BandSpec, spec_from_keywords
 
 # log of the smallest positive float64 (subnormal): a lower bracket for log q that is below every
 # representable root, so the lower bound is exact or underflows to 0 as the true value does.
@@ -60,71 +60,6 @@ _NEWTON_STEPS = 3  # after bisection (or a table guess): quadratic convergence, 
 # safeguarded Newton steps, which also shrink the bracket and fall back to bisection.
 _RUNTIME_BISECT_STEPS = 20
 _RUNTIME_NEWTON_STEPS = 8
-
-
-def is_real_number(value) -> bool:
-    """A real number of any type (int, float, numpy scalars, Fraction, ...), but not a bool or a string."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # np.bool_ is no numbers.Real
-
-
-def is_positive_finite_number(value) -> bool:
-    """A real number (`is_real_number`) that is finite and > 0: a radius, an eps, a rate."""
-    return is_real_number(value) and math.isfinite(value) and value > 0
-
-
-def validate_band(
-    divergence: str,
-    delta: float,
-    upper_cap: float | None,
-    relax,
-    *,
-    lower_floor: float | None = None,
-    lower_delta: float | None = None,
-    delta_is_tensor: bool = False,
-) -> tuple[Divergence, float]:
-    """The band's options checked once for every caller: (the divergence, delta as a float), or a
-    ValueError that says what is wrong (unknown divergence, delta or lower_delta not a positive
-    finite number, a cap below 1, a relax that is not a pair of finite numbers >= 0 with
-    eps_low <= 1, a lower floor that is not a number strictly between 0 and 1, lower_delta with a
-    per-token radius). `delta_is_tensor`: the caller's radius is a tensor (it passes a stand-in
-    number as `delta`; the tensor is checked per token where it is used)."""
-    div = get_divergence(divergence)
-    if lower_floor is not None:
-        validate_lower_floor(lower_floor)
-    if lower_delta is not None and not is_positive_finite_number(lower_delta):
-        raise ValueError(f"lower_delta must be a positive finite number (the lower root's radius), got {lower_delta!r}")
-    if lower_delta is not None and delta_is_tensor:
-        raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
-    if not is_real_number(delta):
-        raise ValueError(f"delta must be a positive finite number, got {delta!r}")
-    delta = float(delta)
-    if not math.isfinite(delta) or delta <= 0.0:
-        raise ValueError(f"delta must be a positive finite number (the trust-region radius), got {delta!r}")
-    if upper_cap is not None:
-        if not is_real_number(upper_cap) or math.isnan(upper_cap):
-            raise ValueError(f"upper_cap must be a number >= 1 or None, got {upper_cap!r}")
-        if upper_cap < 1.0:
-            raise ValueError(f"upper_cap must be >= 1 (a cap below 1 forbids any rise), got {upper_cap!r}")
-    if relax is not None:
-        ok = isinstance(relax, Sequence) and not isinstance(relax, (str, bytes)) and len(relax) == 2
-        ok = ok and all(is_real_number(e) and math.isfinite(e) and e >= 0.0 for e in relax)
-        if not ok or relax[0] > 1.0:
-            raise ValueError(
-                f"relax must be a pair (eps_low, eps_high) of finite numbers >= 0 with eps_low <= 1, got {relax!r}"
-            )
-    return div, delta
-
-
-
-def validate_lower_floor(lower_floor) -> float:
-    """lower_floor as a float, or a ValueError unless it is a real number with 0 < F < 1 (a floor of
-    0 is no floor, one of 1 or more would forbid every fall of a token's probability)."""
-    if not is_real_number(lower_floor) or math.isnan(lower_floor) or not 0.0 < lower_floor < 1.0:
-        raise ValueError(
-            f"lower_floor must be a number strictly between 0 and 1 (each token's lower ratio bound becomes "
-            f"max(r_low, lower_floor)), got {lower_floor!r}"
-        )
-    return float(lower_floor)
 
 
 def _log_one_minus(q: Tensor, one_minus_q: Tensor) -> Tensor:
@@ -476,7 +411,7 @@ def scalar_delta_table(
     divergences without a table). Cached per (divergence, delta, device). With `lower_delta`, the
     lower root's rows (4-7) come from that radius' table: the coordinates of both are the same
     (reverse_kl's lower coordinate is then read at lower_delta, as the kernel does)."""
-    div, delta = validate_band(divergence, delta, None, None, lower_delta=lower_delta)
+    div, delta = get_divergence(divergence), float(delta)  # a validated BandSpec's
     if div.tabulate:
         coordinate = (_TABLE_W_MIN, float(_TABLE_CELLS_PER_UNIT))
     elif div.edge_inverse is not None:
@@ -712,39 +647,68 @@ def band_bounds_with_edge(
     lower_floor: float | None = None,
     lower_delta: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """`band_bounds` plus `upper_at_edge` (bool, same shape): the upper bound is the simplex edge
-    1/p itself (saturated, p = 1, or a bound that rounds to 1/p in the output dtype, as kl's upper
-    bound does as p -> 1) and neither the cap nor relax moved it. No ratio a probability can reach
-    exceeds that bound, so the loss never clips there: compared as ratios, float32 rounding of
-    exp(log q - log p) against float32(1/p) could say otherwise at q = 1. The kernel applies the same
-    rule to the same float32 bound. The lower floor and lower_delta move only the lower bound, so the
-    flag is the same with or without them."""
-    lower, upper, at_edge, shape = _unmoved_bounds(old_log_probs, divergence, delta, upper_cap, relax,
-                                                   lower_floor, lower_delta)  # fmt: skip
-    if lower_delta is not None and float(lower_delta) != float(delta):
-        lower, _, _, _ = _unmoved_bounds(old_log_probs, divergence, float(lower_delta), None, None, None, None)
+    """`band_bounds` plus `upper_at_edge` (see `spec_bounds_with_edge`)."""
+    spec, radius = spec_from_keywords(divergence, delta, upper_cap=upper_cap, relax=relax, lower_floor=lower_floor,
+                                      lower_delta=lower_delta)  # fmt: skip
+    return spec_bounds_with_edge(spec, old_log_probs, radius)
+
+
+@torch.no_grad()
+def spec_bounds(spec: BandSpec, old_log_probs: Tensor, radius: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(lower, upper) ratio bounds of any rule (trust_region, dppo, dcpo), floor and cap included:
+    what an objective other than PPO's clipped min takes from a spec. `radius`: a per-call radius
+    tensor in place of spec.delta (per token, or per sequence (B, 1) / (B,)). Shapes and dtypes as
+    `band_bounds`."""
+    spec.check_radius(radius)
+    if spec.rule == "dcpo":
+        return dcpo_rule_bounds(spec, old_log_probs)
+    lower, upper, _ = spec_bounds_with_edge(spec, old_log_probs, radius)
+    return lower, upper
+
+
+@torch.no_grad()
+def spec_bounds_with_edge(
+    spec: BandSpec,
+    old_log_probs: Tensor,
+    radius: Tensor | None = None,
+    *,
+    apply_floor: bool = True,
+    roots_only: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The roots of a trust_region or dppo spec (validated when built: nothing is re-checked) with
+    relax, the floor (unless `apply_floor` is False: the loss applies it itself, to flag the
+    tokens it alone clips) and the cap, plus `upper_at_edge` (bool, same shape): the upper bound
+    is the simplex edge 1/p itself (saturated, p = 1, or a bound that rounds to 1/p in the output
+    dtype, as kl's upper bound does as p -> 1) and neither the cap nor relax moved it. No ratio a
+    probability can reach exceeds that bound, so the loss never clips there: compared as ratios,
+    float32 rounding of exp(log q - log p) against float32(1/p) could say otherwise at q = 1. The
+    kernel applies the same rule to the same float32 bound. The lower floor and lower_delta move
+    only the lower bound, so the flag is the same with or without them. `roots_only`: the roots
+    (the lower one at lower_delta) before relax, floor and cap, for a kernel that applies those."""
+    div = get_divergence(spec.divergence)
+    delta = spec.delta if radius is None else radius
+    lower, upper, at_edge, shape = _unmoved_bounds(old_log_probs, div, delta)
+    if spec.lower_delta is not None and spec.lower_delta != spec.delta:
+        lower, _, _, _ = _unmoved_bounds(old_log_probs, div, spec.lower_delta)
+    if roots_only:
+        return lower.reshape(shape), upper.reshape(shape), at_edge.reshape(shape)
+    relax, upper_cap = spec.relax, spec.upper_cap
     if relax is not None:
-        lower = lower.clamp_(max=1.0 - float(relax[0]))
-        at_edge = at_edge & (upper >= 1.0 + float(relax[1]))
-        upper = upper.clamp_(min=1.0 + float(relax[1]))
-    if lower_floor is not None:  # clamp keeps a nan bound nan
-        lower = lower.clamp_(min=float(lower_floor))
+        lower = lower.clamp_(max=1.0 - relax[0])
+        at_edge = at_edge & (upper >= 1.0 + relax[1])
+        upper = upper.clamp_(min=1.0 + relax[1])
+    if apply_floor and spec.lower_floor is not None:  # clamp keeps a nan bound nan
+        lower = lower.clamp_(min=spec.lower_floor)
     if upper_cap is not None:
-        at_edge = at_edge & (upper <= float(upper_cap))
-        upper = upper.clamp_(max=float(upper_cap))
+        at_edge = at_edge & (upper <= upper_cap)
+        upper = upper.clamp_(max=upper_cap)
     return lower.reshape(shape), upper.reshape(shape), at_edge.reshape(shape)
 
 
-def _unmoved_bounds(old_log_probs, divergence, delta, upper_cap, relax, lower_floor, lower_delta):
-    """The roots (lower, upper, upper at the edge) of g = delta, flat, before relax, floor and cap,
-    after validating every option; and the input's shape."""
+def _unmoved_bounds(old_log_probs: Tensor, div: Divergence, delta: float | Tensor):
+    """The roots (lower, upper, upper at the edge) of g = delta, flat, before relax, floor and cap;
+    and the input's shape."""
     per_token = isinstance(delta, Tensor)
-    if per_token:
-        div, _ = validate_band(divergence, 1.0, upper_cap, relax, lower_floor=lower_floor, lower_delta=lower_delta,
-                               delta_is_tensor=True)  # fmt: skip
-    else:
-        div, delta = validate_band(divergence, delta, upper_cap, relax, lower_floor=lower_floor,
-                                   lower_delta=lower_delta)  # fmt: skip
     if not isinstance(old_log_probs, Tensor) or not old_log_probs.is_floating_point():
         raise ValueError("old_log_probs must be a floating-point torch.Tensor of log-probabilities")
     out_dtype = torch.float64 if old_log_probs.dtype == torch.float64 else torch.float32

@@ -11,19 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import is_positive_finite_number, is_real_number
+from openrlhf_band.band.spec import BandSpec, validate_dcpo
 
 #: DCPO's published clip eps (eps_low, eps_high), used when --actor.eps_clip_low_high is not given.
 DCPO_DEFAULT_EPS = (0.16, 0.20)
-
-
-def validate_dcpo(eps_low: float, eps_high: float, upper_cap: float | None) -> None:
-    """ValueError unless both eps are positive finite real numbers and the cap (if any) is one >= 1."""
-    for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if not is_positive_finite_number(eps):
-            raise ValueError(f"DCPO {name} must be a positive finite number, got {eps!r}")
-    if upper_cap is not None and not (is_real_number(upper_cap) and upper_cap >= 1.0):
-        raise ValueError(f"upper_cap must be a number >= 1 or None, got {upper_cap!r}")
 
 
 @torch.no_grad()
@@ -35,6 +26,20 @@ def dcpo_bounds(
 ) -> tuple[Tensor, Tensor]:
     """(lower, upper) DCPO ratio bounds, float32, same shape as `old_log_probs` (log pi_old)."""
     validate_dcpo(eps_low, eps_high, upper_cap)
+    return _dcpo_bounds(old_log_probs, eps_low, eps_high, upper_cap)
+
+
+def dcpo_rule_bounds(spec: BandSpec, old_log_probs: Tensor, apply_floor: bool = True) -> tuple[Tensor, Tensor]:
+    """The bounds of a dcpo-rule spec (validated when built): DCPO's, then the spec's lower floor
+    (unless `apply_floor` is False: the loss applies it itself, to flag the tokens it alone clips)."""
+    lower, upper = _dcpo_bounds(old_log_probs, *spec.dcpo_eps, spec.upper_cap)
+    if apply_floor and spec.lower_floor is not None:
+        lower = lower.clamp(min=spec.lower_floor)
+    return lower, upper
+
+
+@torch.no_grad()
+def _dcpo_bounds(old_log_probs: Tensor, eps_low: float, eps_high: float, upper_cap: float | None):
     inv_q = torch.exp(-old_log_probs.detach().to(torch.float64).clamp(max=0.0))
     lower = 0.5 + 0.5 * torch.sqrt(torch.clamp(1.0 - 4.0 * eps_low * inv_q, min=0.0))
     upper = 0.5 + 0.5 * torch.sqrt(1.0 + 4.0 * eps_high * inv_q)

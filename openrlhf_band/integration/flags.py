@@ -6,7 +6,6 @@ and the configuration `check-args` prints. Importing this module does not import
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 
 from openrlhf_band.band.adaptive import (
@@ -17,9 +16,9 @@ from openrlhf_band.band.adaptive import (
     default_delta_range,
     validate_adaptive,
 )
-from openrlhf_band.band.bounds import validate_band
-from openrlhf_band.band.dcpo import DCPO_DEFAULT_EPS, dcpo_bounds, validate_dcpo
+from openrlhf_band.band.dcpo import DCPO_DEFAULT_EPS
 from openrlhf_band.band.divergences import DIVERGENCES
+from openrlhf_band.band.spec import DPPO_DIVERGENCES, BandSpec
 from openrlhf_band.functional import BACKENDS
 from openrlhf_band.integration.fused_head import add_fused_logprobs_argument, validate_fused_logprobs_arguments
 
@@ -51,7 +50,6 @@ BAND_RULES = ("trust_region", "dcpo", "dppo")
 #: trainer never lacks: its ActorConfig sets clip_ratio_c = 3.0, the dual-clip constant of its PPO loss,
 #: which a verl user who does not pass clip_ratio_c gets as DPPO's truncation.
 DPPO_DEFAULT_TRUNCATION = 1e4
-DPPO_DIVERGENCES = ("tv", "kl")
 # the flag of each band option, as error messages name it (two have short aliases users type)
 _SHORT_FLAGS = {"divergence": "--band_divergence", "delta": "--band_delta"}
 _ADAPTIVE_KEYS = ("adaptive", "entropy_power", "delta_range", "target_entropy", "controller_rate")
@@ -245,19 +243,16 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         elif not band.dppo_truncation > 0.0:  # also nan
             parser.error(f"--actor.band.dppo_truncation must be > 0 or 'none', got {band.dppo_truncation}")
     band.dcpo_eps = None
+    if band.rule == "dcpo":  # OpenRLHF fills eps_clip_low_high from --actor.eps_clip later: read it now
+        given_eps = args.actor.eps_clip_low_high
+        band.dcpo_eps = tuple(given_eps) if given_eps is not None else DCPO_DEFAULT_EPS
+        band.dcpo_eps_source = "--actor.eps_clip_low_high" if given_eps is not None else "DCPO's published values"
     try:
-        lower_delta = band.delta_low_high[0] if band.rule == "dppo" else None
-        validate_band(band.divergence, band.delta, band.upper_cap, band.relax, lower_floor=band.lower_floor,
-                      lower_delta=lower_delta)  # fmt: skip
+        band_spec(band)  # the band's options checked at parse time (the actor builds the same spec from them)
         if band.rule == "trust_region":
             band.delta_range = tuple(band.delta_range) if band.delta_range else default_delta_range(band.delta)
             validate_adaptive(band.delta, band.adaptive, band.entropy_power, band.delta_range,
                               band.target_entropy, band.controller_rate, band.divergence)  # fmt: skip
-        if band.rule == "dcpo":  # OpenRLHF fills eps_clip_low_high from --actor.eps_clip later: read it now
-            given_eps = args.actor.eps_clip_low_high
-            band.dcpo_eps = tuple(given_eps) if given_eps is not None else DCPO_DEFAULT_EPS
-            band.dcpo_eps_source = "--actor.eps_clip_low_high" if given_eps is not None else "DCPO's published values"
-            validate_dcpo(*band.dcpo_eps, upper_cap=band.upper_cap)
     except ValueError as err:
         parser.error(f"--actor.band: {err}")
     if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:
@@ -266,27 +261,23 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         args.actor.entropy_coef = 0.0  # the adaptive radius reads the entropy OpenRLHF computes for its log
 
 
-def band_loss_kwargs(args) -> dict:
-    """BandPolicyLoss's band arguments from the hierarchized training arguments."""
-    band = args.actor.band
-    relax = tuple(band.relax) if band.relax is not None else None
-    kwargs = {
-        "divergence": band.divergence,
-        "delta": band.delta,
-        "upper_cap": band.upper_cap,
-        "relax": relax,
-        "backend": band.backend,
-        "lower_floor": band.lower_floor,
-    }
+def band_spec(band) -> BandSpec:
+    """The `BandSpec` of the filled-in `args.actor.band` namespace (ValueError if invalid)."""
+    if band.rule == "dcpo":  # DCPO's bounds depend on its eps alone: the trust region's knobs are not its
+        return BandSpec(upper_cap=band.upper_cap, lower_floor=band.lower_floor, rule="dcpo", dcpo_eps=band.dcpo_eps)
     if band.rule == "dppo":
-        kwargs.update(lower_delta=band.delta_low_high[0], ratio_truncation=band.dppo_truncation)
-        return kwargs
-    if band.rule == "dcpo":
-        eps_low, eps_high = band.dcpo_eps
-        kwargs["bounds_fn"] = functools.partial(
-            dcpo_bounds, eps_low=eps_low, eps_high=eps_high, upper_cap=band.upper_cap
-        )
-    else:
+        return BandSpec(band.divergence, band.delta, lower_delta=band.delta_low_high[0],
+                        ratio_truncation=band.dppo_truncation, rule="dppo")  # fmt: skip
+    relax = tuple(band.relax) if band.relax is not None else None
+    return BandSpec(band.divergence, band.delta, band.upper_cap, relax, band.lower_floor)
+
+
+def band_loss_kwargs(args) -> dict:
+    """BandPolicyLoss's band arguments from the hierarchized training arguments: the spec built
+    (and validated) at parse time, the backend and, for the trust region, the adaptive radius."""
+    band = args.actor.band
+    kwargs = {"band": band_spec(band), "backend": band.backend}
+    if band.rule == "trust_region":
         kwargs.update(
             adaptive=band.adaptive, entropy_power=band.entropy_power, delta_range=tuple(band.delta_range),
             target_entropy=band.target_entropy, controller_rate=band.controller_rate,

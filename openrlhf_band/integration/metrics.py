@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from openrlhf_band.ops.reference import BandTokenLoss
+from openrlhf_band.ops.token_loss import BandTokenLoss
 
 #: Old-probability bins of the per-bin clip-fraction metrics: [0, 0.01), [0.01, 0.1), [0.1, 0.5), [0.5, 1].
 METRIC_PROB_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)

@@ -7,6 +7,7 @@ Importing this module does not import OpenRLHF; `BandPolicyLoss.forward` imports
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -20,8 +21,8 @@ from openrlhf_band.band.adaptive import (
     entropy_adaptive_delta,
     validate_adaptive,
 )
-from openrlhf_band.band.bounds import is_positive_finite_number, validate_band
-from openrlhf_band.functional import BACKENDS, band_token_loss
+from openrlhf_band.band.spec import BandSpec
+from openrlhf_band.functional import BACKENDS, band_token_loss_from_spec
 from openrlhf_band.integration.metrics import band_metrics
 
 
@@ -31,6 +32,11 @@ class BandPolicyLoss(nn.Module):
     Same constructor arguments (the clip eps are accepted and ignored: the band replaces them;
     `relax` is the way to union a fixed interval back in) plus the band's, and the same
     `forward` signature and 5-tuple `(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`.
+
+    The band is `band`, a `BandSpec` (validated when built), or, without it, the spec built from the
+    keyword options (`divergence`, `delta`, `upper_cap` (default 10 here, the authors' cap), `relax`,
+    `lower_floor`, `lower_delta`, `ratio_truncation`, `rule`, `dcpo_eps`: BandSpec's fields); they
+    stay readable as attributes (`loss.delta` is the constructor's radius).
     Honours dual-clip, token-level or seq-mean-token-mean aggregation with the global token /
     sample counts, and the train/rollout IS correction. After each forward `band_metrics` holds
     0-d tensors (`band/...`) for `experience.info`.
@@ -68,10 +74,7 @@ class BandPolicyLoss(nn.Module):
         is_correction_gating: str = "ratio",
         is_correction_threshold=(0.5, 5.0),
         *,
-        divergence: str = "kl",
-        delta: float = 0.05,
-        upper_cap: float | None = 10.0,
-        relax: tuple[float, float] | None = None,
+        band: BandSpec | None = None,
         backend: str = "auto",
         bounds_fn: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
         adaptive: str = "none",
@@ -79,19 +82,21 @@ class BandPolicyLoss(nn.Module):
         delta_range: tuple[float, float] | None = None,
         target_entropy: float | None = None,
         controller_rate: float = DEFAULT_CONTROLLER_RATE,
-        lower_floor: float | None = None,
-        lower_delta: float | None = None,
-        ratio_truncation: float | None = None,
+        **band_options,
     ) -> None:
         super().__init__()
-        validate_band(divergence, delta, upper_cap, relax, lower_floor=lower_floor, lower_delta=lower_delta)
-        if ratio_truncation is not None and not is_positive_finite_number(ratio_truncation):
-            raise ValueError(f"ratio_truncation must be a positive finite number (DPPO's c), got {ratio_truncation!r}")
-        if lower_delta is not None and (adaptive != "none" or target_entropy is not None):
+        if band is None:
+            band = BandSpec(**{"upper_cap": 10.0, **band_options})  # the authors' cap unless given
+        elif band_options:
+            raise ValueError(f"give the band once, band=BandSpec(...) or its options, not both: {sorted(band_options)}")
+        elif not isinstance(band, BandSpec):
+            raise ValueError(f"band must be a BandSpec, got {type(band).__name__}")
+        delta, divergence = band.delta, band.divergence
+        if band.lower_delta is not None and (adaptive != "none" or target_entropy is not None):
             raise ValueError("lower_delta (asymmetric radii) takes a constant radius: adaptive radii are symmetric")
         delta_range = tuple(delta_range) if delta_range is not None else default_delta_range(delta)
         validate_adaptive(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate, divergence)
-        if bounds_fn is not None and (adaptive != "none" or target_entropy is not None):
+        if (bounds_fn is not None or band.rule == "dcpo") and (adaptive != "none" or target_entropy is not None):
             raise ValueError("adaptive radii act on the band's delta: they do not apply to bounds_fn rules")
         if policy_loss_type not in ("band", "ppo"):
             raise ValueError(f"BandPolicyLoss implements the band (ppo-style) loss, not {policy_loss_type!r}")
@@ -120,10 +125,10 @@ class BandPolicyLoss(nn.Module):
         self.is_correction_mode = is_correction_mode
         self.is_correction_gating = is_correction_gating
         self.is_correction_threshold = is_correction_threshold
-        self.divergence, self.delta, self.upper_cap, self.relax = divergence, float(delta), upper_cap, relax
+        self.band = band
+        self._call_band = band  # the spec at the controller's current radius (`_band_at`)
         self.backend = backend
         self.bounds_fn = bounds_fn
-        self.lower_floor, self.lower_delta, self.ratio_truncation = lower_floor, lower_delta, ratio_truncation
         self.adaptive, self.entropy_power, self.delta_range = adaptive, float(entropy_power), delta_range
         self.controller = (
             RadiusController(float(delta), float(target_entropy), float(controller_rate), delta_range)
@@ -134,6 +139,13 @@ class BandPolicyLoss(nn.Module):
         self._entropy_sum = self._entropy_count = 0.0  # over the micro-batches of the current optimizer step
         self.band_metrics: dict[str, Tensor] = {}
         self.last_bounds: tuple[Tensor, Tensor] | None = None
+
+    def _band_at(self, delta: float) -> BandSpec:
+        """The spec with radius `delta` (a forward's own, or the controller's): validated once per
+        new radius, not per call."""
+        if self._call_band.delta != delta:
+            self._call_band = dataclasses.replace(self.band, delta=delta)
+        return self._call_band
 
     @property
     def needs_entropy(self) -> bool:
@@ -218,15 +230,17 @@ class BandPolicyLoss(nn.Module):
         from openrlhf.models.utils import masked_mean
 
         adaptive_metrics = {}
-        if delta is None and self.bounds_fn is None:
+        if delta is None and self.bounds_fn is None and self.band.rule != "dcpo":
             delta, adaptive_metrics = self._radius(entropy, action_mask)
         bounds = self.bounds_fn(old_log_probs) if self.bounds_fn is not None else None
-        out = band_token_loss(
-            log_probs, old_log_probs, advantages, action_mask, divergence=self.divergence,
-            delta=self.delta if delta is None else delta,
-            upper_cap=self.upper_cap, relax=self.relax, dual_clip=self.dual_clip, backend=self.backend,
-            return_bounds=True, bounds=bounds, lower_floor=self.lower_floor, lower_delta=self.lower_delta,
-            ratio_truncation=self.ratio_truncation,
+        band, radius = self.band, None
+        if isinstance(delta, Tensor):
+            radius = delta
+        elif delta is not None:
+            band = self._band_at(delta)
+        out = band_token_loss_from_spec(
+            log_probs, old_log_probs, advantages, action_mask, band, radius=radius, dual_clip=self.dual_clip,
+            backend=self.backend, return_bounds=True, bounds=bounds,
         )  # fmt: skip
         loss = out.loss
 
@@ -276,11 +290,20 @@ class BandPolicyLoss(nn.Module):
         ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
         self.last_bounds = (out.lower, out.upper)  # per token, for callers' own clip statistics
         truncated = None
-        if self.ratio_truncation is not None:  # unclipped tokens whose weight min(r, c) is c (verl's pg_clipfrac_lower)
+        if band.ratio_truncation is not None:  # unclipped tokens whose weight min(r, c) is c (verl's pg_clipfrac_lower)
             log_ratio = (log_probs.detach().float() - old_log_probs.float()).clamp(-20.0, 20.0)
-            truncated = ~(clipped | out.dual_clipped) & (log_ratio.exp() > float(self.ratio_truncation))
+            truncated = ~(clipped | out.dual_clipped) & (log_ratio.exp() > band.ratio_truncation)
         self.band_metrics = band_metrics(
-            out, old_log_probs, action_mask, delta=delta, floor=self.lower_floor is not None, truncated=truncated
+            out, old_log_probs, action_mask, delta=delta, floor=band.lower_floor is not None, truncated=truncated
         )
         self.band_metrics.update(adaptive_metrics)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+
+
+def _band_attribute(name: str) -> property:
+    return property(lambda self: getattr(self.band, name), doc=f"The band's {name} (`BandPolicyLoss.band.{name}`).")
+
+
+for _name in ("divergence", "delta", "upper_cap", "relax", "lower_floor", "lower_delta", "ratio_truncation"):
+    setattr(BandPolicyLoss, _name, _band_attribute(_name))
+del _name

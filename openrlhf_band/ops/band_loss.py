@@ -76,12 +76,12 @@ from torch import Tensor
 from openrlhf_band.band.bounds import (
     HALLEY_STEPS,
     PER_TOKEN_DELTA_RANGE,
-    band_bounds,
     per_token_start_table,
     scalar_delta_table,
-    validate_band,
+    spec_bounds_with_edge,
 )
-from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
+from openrlhf_band.band.spec import BandSpec, radius_view
+from openrlhf_band.ops.token_loss import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
 
 # how the kernel gets the band: string options map to integer constexprs
 BOUNDS_PRECOMPUTED, BOUNDS_TV, BOUNDS_CHI2, BOUNDS_HELLINGER = 0, 1, 2, 3
@@ -472,8 +472,13 @@ class BandLossFunction(torch.autograd.Function):
 
 
 def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
-    (divergence, delta, upper_cap, relax, dual_clip, return_bounds, given_bounds, lower_floor, lower_delta,
-     ratio_truncation) = config  # fmt: skip
+    spec, radius, dual_clip, return_bounds, given_bounds = config
+    divergence, upper_cap, relax = spec.divergence, spec.upper_cap, spec.relax
+    lower_floor, ratio_truncation = spec.lower_floor, spec.ratio_truncation
+    # no second radius to read: given bounds, or the symmetric band
+    lower_delta = None if given_bounds is not None or spec.lower_delta == spec.delta else spec.lower_delta
+    if given_bounds is not None:  # used as given: the kernel reads them, no cap or relax on top
+        upper_cap = relax = None
     shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
     logp = _as_2d(log_probs, shape2d)
     old = _as_2d(old_log_probs, shape2d)
@@ -489,16 +494,10 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     out_lo = torch.empty(shape2d, dtype=torch.float32, device=device) if return_bounds else loss
     out_hi = torch.empty(shape2d, dtype=torch.float32, device=device) if return_bounds else loss
 
-    per_token = isinstance(delta, Tensor)
-    if per_token:  # per token, or per sequence as (B, 1) (the dispatcher made (B,) so): read through its strides
-        if log_probs.dim() == 2 and delta.shape == (log_probs.shape[0],):
-            delta = delta.unsqueeze(-1)  # (B,) is one radius per sequence, also when B == T
-        try:
-            delta_full = torch.broadcast_to(delta, log_probs.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"delta of shape {tuple(delta.shape)} does not fit log_probs of shape {tuple(log_probs.shape)}"
-            ) from None
+    per_token = radius is not None
+    delta = spec.delta if radius is None else radius
+    if per_token:  # per token, or per sequence as (B, 1) (radius_view makes (B,) so): read through its strides
+        delta_full = torch.broadcast_to(radius_view(radius, log_probs), log_probs.shape)
         delta_2d = delta_full if log_probs.dim() == 2 else delta_full.reshape(shape2d)
     else:  # the scalar, as a float64 value read with zero strides (float32 would round it)
         delta_2d = torch.full((1, 1), delta, dtype=torch.float64, device=device).expand(shape2d)
@@ -519,8 +518,8 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
         kernel_table = scalar_delta_table(divergence, delta, device, lower_delta=lower_delta)
     else:  # a divergence registered by the user: bounds from the torch operator, read by the kernel
         kind = BOUNDS_PRECOMPUTED
-        given = band_bounds(old, divergence, delta, lower_delta=lower_delta)
-        lo_pre, hi_pre = (b.reshape(shape2d).contiguous() for b in given)
+        lo_pre, hi_pre, _ = spec_bounds_with_edge(spec, old, radius, roots_only=True)  # the kernel moves them
+        lo_pre, hi_pre = lo_pre.reshape(shape2d).contiguous(), hi_pre.reshape(shape2d).contiguous()
     if kernel_table is not None:
         table = kernel_table.values
         rows, cells = table.shape  # [8, cells] cubic coefficients, or [rows, cols] start points
@@ -572,26 +571,14 @@ def band_token_loss_triton(
     advantages: Tensor,
     action_mask: Tensor | None = None,
     *,
-    divergence: str = "kl",
-    delta: float | Tensor = 0.05,
-    upper_cap: float | None = None,
-    relax: tuple[float, float] | None = None,
+    spec: BandSpec,
+    radius: Tensor | None = None,
     dual_clip: float | None = None,
     return_bounds: bool = False,
     bounds: tuple[Tensor | float, Tensor | float] | None = None,
-    lower_floor: float | None = None,
-    lower_delta: float | None = None,
-    ratio_truncation: float | None = None,
 ) -> BandTokenLoss:
-    """The fused kernel path of `openrlhf_band.band_token_loss` (same arguments and outputs)."""
-    band_options = dict(lower_floor=lower_floor, lower_delta=lower_delta)
-    if isinstance(delta, Tensor):
-        validate_band(divergence, 1.0, upper_cap, relax, **band_options, delta_is_tensor=True)
-    else:
-        validate_band(divergence, delta, upper_cap, relax, **band_options)
-        delta = float(delta)
-    if lower_delta is not None and (bounds is not None or float(lower_delta) == delta):
-        lower_delta = None  # no second radius to read: given bounds, or the symmetric band
+    """The fused kernel path of `openrlhf_band.functional.band_token_loss_from_spec` (same arguments
+    and outputs; the spec is validated when built, the rest by the dispatcher)."""
     if bounds is not None:  # used as given: the kernel reads them, no cap or relax on top
         shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
         bounds = tuple(
@@ -599,10 +586,6 @@ def band_token_loss_triton(
             .reshape(shape2d).contiguous()
             for b in bounds
         )  # fmt: skip
-        upper_cap = relax = None
-    config = (divergence, delta, upper_cap, relax, dual_clip, return_bounds, bounds, lower_floor, lower_delta,
-              ratio_truncation)  # fmt: skip
+    config = (spec, radius, dual_clip, return_bounds, bounds)
     loss, flags, lower, upper = BandLossFunction.apply(log_probs, old_log_probs, advantages, action_mask, config)
-    return BandTokenLoss(
-        loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper, (flags & 8) != 0
-    )
+    return BandTokenLoss(loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper, (flags & 8) != 0)

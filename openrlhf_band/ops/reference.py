@@ -26,52 +26,15 @@ that token.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import band_bounds_with_edge
+from openrlhf_band.band.bounds import spec_bounds_with_edge
+from openrlhf_band.band.spec import BandSpec
+from openrlhf_band.ops.token_loss import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
 
-LOG_RATIO_CLAMP = 20.0  # OpenRLHF 0.11.2 clamps log(pi_new / pi_old) to [-20, 20] before exp
-
-
-class BandTokenLoss(NamedTuple):
-    """Per-token outputs of the Band surrogate, all of shape (B, T).
-
-    loss: -min(r A, clip(r, lo, hi) A) (dual-clipped when asked), float32 (float64 for float64
-        log_probs), exactly 0 at masked positions; differentiable w.r.t. log_probs.
-    clipped_upper: bool, A > 0 and r > hi (the clipped branch is the active one, no gradient).
-    clipped_lower: bool, A < 0 and r < lo.
-    dual_clipped: bool, A < 0 and the dual-clip floor dual_clip * A is the active branch.
-    lower, upper: the ratio bounds used (float32; 1 at masked positions), or None unless
-        return_bounds=True.
-    floor_clipped: bool, the token is clipped below (clipped_lower) only because of the lower
-        floor: r < F but r >= the band's own lower bound. None where the caller built the tuple
-        without it; all false without a floor.
-    """
-
-    loss: Tensor
-    clipped_upper: Tensor
-    clipped_lower: Tensor
-    dual_clipped: Tensor
-    lower: Tensor | None = None
-    upper: Tensor | None = None
-    floor_clipped: Tensor | None = None
-
-
-def broadcast_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
-    """Per-token (B, T), per-sequence (B, 1) or (B,) advantages as a (B, T) view."""
-    if advantages.dim() == 1 and len(shape) == 2 and advantages.shape[0] == shape[0]:
-        advantages = advantages.unsqueeze(-1)
-    try:
-        return advantages.expand(shape)
-    except RuntimeError:
-        raise ValueError(
-            f"advantages of shape {tuple(advantages.shape)} do not fit log_probs of shape {tuple(shape)}; "
-            "expected (B, T), (B, 1) or (B,)"
-        ) from None
-
+__all__ = ["LOG_RATIO_CLAMP", "BandTokenLoss", "band_token_loss_reference"]
 
 def band_token_loss_reference(
     log_probs: Tensor,
@@ -79,16 +42,11 @@ def band_token_loss_reference(
     advantages: Tensor,
     action_mask: Tensor | None = None,
     *,
-    divergence: str = "kl",
-    delta: float | Tensor = 0.05,
-    upper_cap: float | None = None,
-    relax: tuple[float, float] | None = None,
+    spec: BandSpec,
+    radius: Tensor | None = None,
     dual_clip: float | None = None,
     return_bounds: bool = False,
     bounds: tuple[Tensor, Tensor] | None = None,
-    lower_floor: float | None = None,
-    lower_delta: float | None = None,
-    ratio_truncation: float | None = None,
 ) -> BandTokenLoss:
     """The Band surrogate per token in plain torch (see `BandTokenLoss` for the outputs).
 
@@ -98,14 +56,15 @@ def band_token_loss_reference(
         old_log_probs: log pi_old, (B, T), no gradient.
         advantages: (B, T), (B, 1) or (B,) (1-D of length B is per sequence, also when B == T).
         action_mask: (B, T) bool or 0/1 of any dtype; None means every token counts.
-        delta: the radius, a number or a tensor broadcastable to log_probs (per token or (B, 1);
-            the dispatcher turns a per-sequence (B,) into (B, 1)).
-        bounds: precomputed (lower, upper) to use instead of `band_bounds` (e.g. a constant clip
-            interval, for equivalence tests against PPO clipping).
-        lower_floor, lower_delta: as in `band_bounds`; the floor also applies to given `bounds`.
-        ratio_truncation: c > 0: the gradient weight of an unclipped token is min(r, c) instead of
-            r (DPPO's truncated importance ratio), also beyond the log-ratio clamp (where it is
-            min(e^+-20, c): verl's DPPO gradient); the loss value is unchanged.
+        spec: the band (`BandSpec`, validated when built). Its lower floor also applies to given
+            `bounds`; its ratio_truncation c makes the gradient weight of an unclipped token
+            min(r, c) instead of r (DPPO's truncated importance ratio), also beyond the log-ratio
+            clamp (where it is min(e^+-20, c): verl's DPPO gradient); the loss value is unchanged.
+        radius: a per-call radius tensor in place of spec.delta, broadcastable to log_probs (per
+            token or (B, 1); the dispatcher turns a per-sequence (B,) into (B, 1)).
+        dual_clip: c > 1: for A < 0 the objective is floored at c * A.
+        bounds: precomputed (lower, upper) to use instead of the spec's roots (e.g. a constant clip
+            interval, for equivalence tests against PPO clipping, or the dcpo rule's bounds).
 
     Ties and edge: see the module docstring (PolicyLoss's gradient, ties split in half by torch.min
     and torch.max; at an upper bound on the simplex edge 1/p, a token with log r <= -log p, i.e.
@@ -122,13 +81,12 @@ def band_token_loss_reference(
     old = old_log_probs.to(compute_dtype)
     at_edge = None
     if bounds is None:
-        lower, upper, at_edge = band_bounds_with_edge(
-            old, divergence, delta, upper_cap=upper_cap, relax=relax, lower_delta=lower_delta
-        )
+        lower, upper, at_edge = spec_bounds_with_edge(spec, old, radius, apply_floor=False)
     else:
         lower, upper = bounds
     lower, upper = lower.to(compute_dtype).expand(shape), upper.to(compute_dtype).expand(shape)
     band_lower = lower
+    lower_floor, ratio_truncation = spec.lower_floor, spec.ratio_truncation
     if lower_floor is not None:  # after relax (band_bounds' order); also on given bounds. clamp keeps nan
         lower = lower.clamp(min=float(torch.tensor(lower_floor, dtype=torch.float32)))
 

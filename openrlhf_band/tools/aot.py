@@ -245,6 +245,7 @@ def launch_variant(variant: Variant, batch: int = 4, tokens: int = 1000) -> Laun
     """The real launch of `variant`'s kernel by the public launcher, on CPU tensors (nothing runs)."""
     import torch
 
+    from openrlhf_band.band.spec import spec_from_keywords
     from openrlhf_band.ops import band_loss
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[variant.dtype]
@@ -271,6 +272,10 @@ def launch_variant(variant: Variant, batch: int = 4, tokens: int = 1000) -> Laun
     if variant.options == "dppo":
         kwargs.update(upper_cap=None, dual_clip=None, delta=0.2 if variant.divergence == "tv" else 0.08,
                       lower_delta=0.1 if variant.divergence == "tv" else 0.03, ratio_truncation=1e4)  # fmt: skip
+
+    band_keys = ("divergence", "delta", "upper_cap", "relax", "lower_floor", "lower_delta", "ratio_truncation")
+    spec, radius = spec_from_keywords(**{key: kwargs.pop(key) for key in band_keys if key in kwargs})
+    kwargs.update(spec=spec, radius=radius)
 
     def call() -> None:
         out = band_loss.band_token_loss_triton(log_probs, old, adv, mask, **kwargs)

@@ -76,8 +76,8 @@ def test_dcpo_eps_default_to_dcpos_published_values_and_the_json_says_so():
     cfg = config("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_low_high", "0.1", "0.3")
     assert cfg["band"]["dcpo_eps"] == [0.1, 0.3] and cfg["band"]["dcpo_eps_source"] == "--actor.eps_clip_low_high"
     args = validate_train_args([*BASE, "--loss", "band", "--actor.band.rule", "dcpo"])
-    bounds_fn = band_loss_kwargs(args)["bounds_fn"]
-    assert (bounds_fn.keywords["eps_low"], bounds_fn.keywords["eps_high"]) == (0.16, 0.2)
+    band = band_loss_kwargs(args)["band"]
+    assert band.rule == "dcpo" and band.dcpo_eps == (0.16, 0.2)
 
 
 def test_default_loss_is_untouched():
@@ -180,11 +180,12 @@ def test_lower_floor_resolves_for_the_band_and_dcpo_and_reaches_the_loss():
     cfg = config("--loss", "band", "--actor.band.lower_floor", "0.8")
     assert cfg["band"]["lower_floor"] == 0.8 and cfg["band"]["rule"] == "trust_region"
     args = validate_train_args([*BASE, "--loss", "band", "--actor.band.lower_floor", "0.8"])
-    assert band_loss_kwargs(args)["lower_floor"] == 0.8
+    assert band_loss_kwargs(args)["band"].lower_floor == 0.8
     assert config("--loss", "band")["band"]["lower_floor"] is None  # default: the paper's band
     dcpo = validate_train_args([*BASE, "--loss", "band", "--actor.band.rule", "dcpo",
                                 "--actor.band.lower_floor", "0.6"])  # fmt: skip
-    assert band_loss_kwargs(dcpo)["lower_floor"] == 0.6 and "bounds_fn" in band_loss_kwargs(dcpo)
+    band = band_loss_kwargs(dcpo)["band"]
+    assert band.lower_floor == 0.6 and band.rule == "dcpo"
 
 
 def test_dppo_resolves_to_the_band_with_its_radii_no_cap_and_the_truncation():
@@ -195,9 +196,9 @@ def test_dppo_resolves_to_the_band_with_its_radii_no_cap_and_the_truncation():
     dppo = ["--actor.band.rule", "dppo", "--actor.band.delta_low_high", "0.1", "0.2"]
     dppo += ["--actor.band.dppo_truncation", "3"]
     args = validate_train_args([*BASE, "--loss", "band", *dppo])
-    kwargs = band_loss_kwargs(args)
-    assert (kwargs["divergence"], kwargs["delta"], kwargs["lower_delta"]) == ("kl", 0.2, 0.1)
-    assert kwargs["upper_cap"] is None and kwargs["ratio_truncation"] == 3.0 and kwargs["lower_floor"] is None
+    band = band_loss_kwargs(args)["band"]
+    assert (band.divergence, band.delta, band.lower_delta) == ("kl", 0.2, 0.1)
+    assert band.upper_cap is None and band.ratio_truncation == 3.0 and band.lower_floor is None
     off = config("--loss", "band", "--actor.band.rule", "dppo", "--actor.band.dppo_truncation", "none")
     assert off["band"]["dppo_truncation"] is None and off["band"]["gradient_weight"] == "r"
 

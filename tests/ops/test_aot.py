@@ -41,6 +41,7 @@ def _run_python(code: str, timeout: float = 300) -> dict:
 _HINTS = """
     import json, torch
     from triton.compiler import make_backend
+    from openrlhf_band.band.spec import BandSpec
     from openrlhf_band.ops.band_loss import band_token_loss_triton
     from openrlhf_band.tools.aot import _kernel_fn, capture_launches, make_target, specialize
 
@@ -51,7 +52,7 @@ _HINTS = """
     def spec(log_probs, tokens):
         old = -torch.rand(2, tokens)
         adv = torch.randn(2, tokens)
-        (launch,) = capture_launches(lambda: band_token_loss_triton(log_probs, old, adv, divergence="tv"))
+        (launch,) = capture_launches(lambda: band_token_loss_triton(log_probs, old, adv, spec=BandSpec("tv")))
         _opts, signature, constexprs, attrs = specialize(fn, backend, launch.args, launch.kwargs)
         out = {}
         for name in ("logp_ptr", "n_cols", "n_elements"):

@@ -36,6 +36,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 import openrlhf_band.functional as functional  # noqa: E402
 import openrlhf_band.ops.band_loss as band_loss_module  # noqa: E402
 from openrlhf_band import band_bounds  # noqa: E402
+from openrlhf_band.band.spec import BandSpec  # noqa: E402
 from openrlhf_band.functional import BandKernelFallbackWarning, band_token_loss  # noqa: E402
 from openrlhf_band.integration.metrics import band_metrics  # noqa: E402
 from openrlhf_band.ops.band_loss import band_token_loss_triton  # noqa: E402
@@ -97,8 +98,9 @@ def test_per_sequence_radius_when_b_equals_t(backend, divergence):
 def test_per_sequence_radius_when_b_equals_t_kernel_launcher():
     """The launcher called directly (no dispatcher) reads (B,) per sequence too."""
     lp, old, adv, delta = _square_case()
-    direct = band_token_loss_triton(lp, old, adv, divergence="tv", delta=delta, return_bounds=True)
-    rows = band_token_loss_triton(lp, old, adv, divergence="tv", delta=delta[:, None], return_bounds=True)
+    tv = BandSpec("tv")
+    direct = band_token_loss_triton(lp, old, adv, spec=tv, radius=delta, return_bounds=True)
+    rows = band_token_loss_triton(lp, old, adv, spec=tv, radius=delta[:, None], return_bounds=True)
     assert torch.equal(direct.upper, rows.upper) and torch.equal(direct.loss, rows.loss)
 
 

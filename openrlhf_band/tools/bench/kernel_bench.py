@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from openrlhf_band.band.spec import spec_from_keywords
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, band_token_loss_reference
 from openrlhf_band.tools.bench.common import (
     machine_info,
@@ -66,6 +67,12 @@ def per_token_delta(like: torch.Tensor) -> torch.Tensor:
     return torch.exp(math.log(0.01) + u * (math.log(0.2) - math.log(0.01))).to(like.device)
 
 
+def _band(divergence: str, delta) -> dict:
+    """The launchers' band arguments (the spec, and a per-token radius or None) with the scripts' cap 10."""
+    spec, radius = spec_from_keywords(divergence, delta, upper_cap=10.0)
+    return {"spec": spec, "radius": radius}
+
+
 def _providers(inputs, divergences, device, with_per_token: bool = True):
     log_probs, old, adv, mask, _ = inputs
     deltas = {"": 0.05, "-pt": per_token_delta(old)} if with_per_token else {"": 0.05}
@@ -75,13 +82,15 @@ def _providers(inputs, divergences, device, with_per_token: bool = True):
 
         for div in divergences:
             for suffix, delta in deltas.items():
-                providers[f"fused-{div}{suffix}"] = lambda d=div, dl=delta: (
-                    band_token_loss_triton(log_probs, old, adv, mask, divergence=d, delta=dl, upper_cap=10.0).loss
+                band = _band(div, delta)
+                providers[f"fused-{div}{suffix}"] = lambda band=band: (
+                    band_token_loss_triton(log_probs, old, adv, mask, **band).loss
                 )
     for div in divergences:
         for suffix, delta in deltas.items():
-            providers[f"torch-{div}{suffix}"] = lambda d=div, dl=delta: (
-                band_token_loss_reference(log_probs, old, adv, mask, divergence=d, delta=dl, upper_cap=10.0).loss
+            band = _band(div, delta)
+            providers[f"torch-{div}{suffix}"] = lambda band=band: (
+                band_token_loss_reference(log_probs, old, adv, mask, **band).loss
             )
     providers["ppo-clip"] = lambda: ppo_clip_token_loss(log_probs, old, adv) * mask
     return providers
