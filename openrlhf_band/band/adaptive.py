@@ -131,3 +131,101 @@ class RadiusController:
 
     def load_state_dict(self, state: dict) -> None:
         self.delta, self.steps = float(state["delta"]), int(state["steps"])
+
+
+class AdaptiveRadius:
+    """The adaptive radius over training (module docstring): the radius each forward uses, the
+    entropy the current optimizer step has seen, the previous step's mean entropy (the entropy
+    rule's normaliser) and the controller. One per loss; `state_dict` / `load_state_dict` carry it
+    through checkpoints.
+
+    A step's mean entropy is token-weighted over all its micro-batches (and, through the caller's
+    all-reduce of `take_step_totals`, all ranks): one normaliser for every token of the next step,
+    whichever micro-batch or rank it lands in. Before the first step the rule uses the micro-batch's
+    own mean. Validated when built (`validate_adaptive`); `delta_range` defaults to
+    `default_delta_range(delta)`.
+    """
+
+    def __init__(
+        self,
+        delta: float,
+        adaptive: str = "none",
+        entropy_power: float = DEFAULT_ENTROPY_POWER,
+        delta_range: tuple[float, float] | None = None,
+        target_entropy: float | None = None,
+        controller_rate: float = DEFAULT_CONTROLLER_RATE,
+        divergence: str | None = None,
+    ) -> None:
+        delta_range = tuple(delta_range) if delta_range is not None else default_delta_range(delta)
+        validate_adaptive(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate, divergence)
+        self.delta, self.adaptive, self.entropy_power = float(delta), adaptive, float(entropy_power)
+        self.delta_range = delta_range
+        self.controller = (
+            RadiusController(float(delta), float(target_entropy), float(controller_rate), delta_range)
+            if target_entropy is not None
+            else None
+        )
+        self.previous_entropy_mean: float | None = None
+        self._entropy_sum = self._entropy_count = 0.0  # over the micro-batches of the current optimizer step
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether `radius` needs the entropy: the entropy rule, or the controller (its signal)."""
+        return self.adaptive == "entropy" or self.controller is not None
+
+    def radius(self, entropy: Tensor | None, action_mask: Tensor | None) -> tuple[float | Tensor, dict[str, Tensor]]:
+        """This forward's radius (a float, or a per-token float32 tensor of entropy's shape (B, T)
+        for the entropy rule) and the entropy metrics (`band/entropy_mean`,
+        `band/controller_delta`); accumulates the entropy (nats, detached) for the step's mean."""
+        base = self.controller.delta if self.controller is not None else self.delta
+        if not self.needs_entropy:
+            return base, {}
+        if entropy is None:
+            raise ValueError("this BandPolicyLoss adapts its radius to the entropy: pass forward(..., entropy=H)")
+        h = entropy.detach().float()
+        mask = torch.ones_like(h, dtype=torch.bool) if action_mask is None else action_mask != 0
+        h_sum, count = torch.where(mask, h, 0.0).sum(), mask.sum()
+        # accumulated on the device: no host sync per micro-batch, one per optimizer step
+        self._entropy_sum = self._entropy_sum + h_sum.double()
+        self._entropy_count = self._entropy_count + count.double()
+        local_mean = (h_sum / count.clamp(min=1)).float()
+        metrics = {"band/entropy_mean": local_mean}
+        if self.controller is not None:
+            metrics["band/controller_delta"] = torch.tensor(base, dtype=torch.float32, device=h.device)
+        if self.adaptive != "entropy" or self.entropy_power == 0:  # power 0: the constant radius, exactly
+            return base, metrics
+        # before the first optimizer step there is no previous mean: this micro-batch's own
+        mean = local_mean if self.previous_entropy_mean is None else self.previous_entropy_mean
+        deltas = entropy_adaptive_delta(base, torch.where(mask, h, 0.0), mean, self.entropy_power, self.delta_range)
+        return deltas, metrics
+
+    def take_step_totals(self) -> Tensor:
+        """The current step's (entropy sum, token count) as a float64 tensor of shape (2,), for the
+        caller to all-reduce across ranks; the accumulators restart at 0."""
+        totals = torch.stack([torch.as_tensor(self._entropy_sum, dtype=torch.float64),
+                              torch.as_tensor(self._entropy_count, dtype=torch.float64)])  # fmt: skip
+        self._entropy_sum = self._entropy_count = 0.0
+        return totals
+
+    def close_step(self, entropy_sum: float, token_count: float) -> None:
+        """End an optimizer step with its totals over all ranks: its mean entropy becomes the next
+        step's normaliser and the controller moves the radius. A step without tokens changes nothing."""
+        if token_count == 0:
+            return
+        mean = entropy_sum / token_count
+        self.previous_entropy_mean = mean
+        if self.controller is not None:
+            self.controller.update(mean)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must carry to resume the adaptive radius exactly."""
+        state = {"previous_entropy_mean": self.previous_entropy_mean}
+        if self.controller is not None:
+            state["controller"] = self.controller.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.previous_entropy_mean = state.get("previous_entropy_mean")
+        if self.controller is not None and "controller" in state:
+            self.controller.load_state_dict(state["controller"])
+

@@ -13,14 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from openrlhf_band.band.adaptive import (
-    DEFAULT_CONTROLLER_RATE,
-    DEFAULT_ENTROPY_POWER,
-    RadiusController,
-    default_delta_range,
-    entropy_adaptive_delta,
-    validate_adaptive,
-)
+from openrlhf_band.band.adaptive import DEFAULT_CONTROLLER_RATE, DEFAULT_ENTROPY_POWER, AdaptiveRadius
 from openrlhf_band.band.spec import BandSpec
 from openrlhf_band.functional import BACKENDS, band_token_loss_from_spec
 from openrlhf_band.integration.metrics import band_metrics
@@ -94,8 +87,8 @@ class BandPolicyLoss(nn.Module):
         delta, divergence = band.delta, band.divergence
         if band.lower_delta is not None and (adaptive != "none" or target_entropy is not None):
             raise ValueError("lower_delta (asymmetric radii) takes a constant radius: adaptive radii are symmetric")
-        delta_range = tuple(delta_range) if delta_range is not None else default_delta_range(delta)
-        validate_adaptive(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate, divergence)
+        self.radius_rule = AdaptiveRadius(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate,
+                                          divergence)  # fmt: skip
         if (bounds_fn is not None or band.rule == "dcpo") and (adaptive != "none" or target_entropy is not None):
             raise ValueError("adaptive radii act on the band's delta: they do not apply to bounds_fn rules")
         if policy_loss_type not in ("band", "ppo"):
@@ -129,14 +122,6 @@ class BandPolicyLoss(nn.Module):
         self._call_band = band  # the spec at the controller's current radius (`_band_at`)
         self.backend = backend
         self.bounds_fn = bounds_fn
-        self.adaptive, self.entropy_power, self.delta_range = adaptive, float(entropy_power), delta_range
-        self.controller = (
-            RadiusController(float(delta), float(target_entropy), float(controller_rate), delta_range)
-            if target_entropy is not None
-            else None
-        )
-        self.previous_entropy_mean: float | None = None
-        self._entropy_sum = self._entropy_count = 0.0  # over the micro-batches of the current optimizer step
         self.band_metrics: dict[str, Tensor] = {}
         self.last_bounds: tuple[Tensor, Tensor] | None = None
 
@@ -150,32 +135,17 @@ class BandPolicyLoss(nn.Module):
     @property
     def needs_entropy(self) -> bool:
         """Whether forward needs `entropy`: the entropy rule, or the controller (its signal)."""
-        return self.adaptive == "entropy" or self.controller is not None
+        return self.radius_rule.needs_entropy
 
-    def _radius(self, entropy: Tensor | None, action_mask: Tensor | None):
-        """This call's delta (a float, or a per-token tensor for the entropy rule) and the entropy
-        metrics; accumulates the entropy for `after_optimizer_step`."""
-        base = self.controller.delta if self.controller is not None else self.delta
-        if not self.needs_entropy:
-            return base, {}
-        if entropy is None:
-            raise ValueError("this BandPolicyLoss adapts its radius to the entropy: pass forward(..., entropy=H)")
-        h = entropy.detach().float()
-        mask = torch.ones_like(h, dtype=torch.bool) if action_mask is None else action_mask != 0
-        h_sum, count = torch.where(mask, h, 0.0).sum(), mask.sum()
-        # accumulated on the device: no host sync per micro-batch, one per optimizer step
-        self._entropy_sum = self._entropy_sum + h_sum.double()
-        self._entropy_count = self._entropy_count + count.double()
-        local_mean = (h_sum / count.clamp(min=1)).float()
-        metrics = {"band/entropy_mean": local_mean}
-        if self.controller is not None:
-            metrics["band/controller_delta"] = torch.tensor(base, dtype=torch.float32, device=h.device)
-        if self.adaptive != "entropy" or self.entropy_power == 0:  # power 0: the constant radius, exactly
-            return base, metrics
-        # before the first optimizer step there is no previous mean: this micro-batch's own
-        mean = local_mean if self.previous_entropy_mean is None else self.previous_entropy_mean
-        deltas = entropy_adaptive_delta(base, torch.where(mask, h, 0.0), mean, self.entropy_power, self.delta_range)
-        return deltas, metrics
+    @property
+    def controller(self):
+        """The radius controller (`RadiusController`), or None."""
+        return self.radius_rule.controller
+
+    @property
+    def previous_entropy_mean(self) -> float | None:
+        """The previous optimizer step's mean entropy over all its tokens and ranks (nats), or None."""
+        return self.radius_rule.previous_entropy_mean
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -183,32 +153,19 @@ class BandPolicyLoss(nn.Module):
         of two numbers) becomes the next step's normaliser, and the controller moves the radius."""
         if not self.needs_entropy:
             return
-        totals = torch.stack([torch.as_tensor(self._entropy_sum, dtype=torch.float64),
-                              torch.as_tensor(self._entropy_count, dtype=torch.float64)])  # fmt: skip
+        totals = self.radius_rule.take_step_totals()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             if torch.distributed.get_backend() == "nccl":
                 totals = totals.cuda()
             torch.distributed.all_reduce(totals)
-        self._entropy_sum = self._entropy_count = 0.0
-        total, count = totals.tolist()
-        if count == 0:
-            return
-        mean = total / count
-        self.previous_entropy_mean = mean
-        if self.controller is not None:
-            self.controller.update(mean)
+        self.radius_rule.close_step(*totals.tolist())
 
     def band_state(self) -> dict:
         """What a checkpoint must carry to resume the adaptive radius exactly."""
-        state = {"previous_entropy_mean": self.previous_entropy_mean}
-        if self.controller is not None:
-            state["controller"] = self.controller.state_dict()
-        return state
+        return self.radius_rule.state_dict()
 
     def load_band_state(self, state: dict) -> None:
-        self.previous_entropy_mean = state.get("previous_entropy_mean")
-        if self.controller is not None and "controller" in state:
-            self.controller.load_state_dict(state["controller"])
+        self.radius_rule.load_state_dict(state)
 
     def forward(
         self,
@@ -231,7 +188,7 @@ class BandPolicyLoss(nn.Module):
 
         adaptive_metrics = {}
         if delta is None and self.bounds_fn is None and self.band.rule != "dcpo":
-            delta, adaptive_metrics = self._radius(entropy, action_mask)
+            delta, adaptive_metrics = self.radius_rule.radius(entropy, action_mask)
         bounds = self.bounds_fn(old_log_probs) if self.bounds_fn is not None else None
         band, radius = self.band, None
         if isinstance(delta, Tensor):
@@ -300,10 +257,13 @@ class BandPolicyLoss(nn.Module):
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
 
 
-def _band_attribute(name: str) -> property:
-    return property(lambda self: getattr(self.band, name), doc=f"The band's {name} (`BandPolicyLoss.band.{name}`).")
+def _read_only(owner: str, name: str) -> property:
+    return property(lambda self: getattr(getattr(self, owner), name), doc=f"`BandPolicyLoss.{owner}.{name}`.")
 
 
+# the constructor's options stay readable where they now live: the spec and the adaptive radius
 for _name in ("divergence", "delta", "upper_cap", "relax", "lower_floor", "lower_delta", "ratio_truncation"):
-    setattr(BandPolicyLoss, _name, _band_attribute(_name))
+    setattr(BandPolicyLoss, _name, _read_only("band", _name))
+for _name in ("adaptive", "entropy_power", "delta_range"):
+    setattr(BandPolicyLoss, _name, _read_only("radius_rule", _name))
 del _name

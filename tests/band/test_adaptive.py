@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from openrlhf_band.band.adaptive import (
+    AdaptiveRadius,
     RadiusController,
     default_delta_range,
     entropy_adaptive_delta,
@@ -85,3 +86,28 @@ def test_an_entropy_rule_beyond_the_per_token_solver_range_is_refused():
         validate_adaptive(0.05, "entropy", 1.0, (0.0125, 0.2), None, 0.1, divergence)
     validate_adaptive(5.0, "entropy", 1.0, (1.0, 20.0), None, 0.1, "chi2")  # closed forms: any radius
     validate_adaptive(5.0, "none", 1.0, (1.0, 20.0), None, 0.1, "kl")  # a scalar radius: any
+
+
+def test_the_adaptive_radius_state_stands_alone():
+    """AdaptiveRadius (the state BandPolicyLoss delegates to) without a loss: a step's token-weighted
+    mean entropy becomes the next step's normaliser and moves the controller; its state round-trips."""
+    state = AdaptiveRadius(0.05, "entropy", 1.0, (0.01, 0.2), target_entropy=1.0, controller_rate=0.1)
+    h = torch.tensor([[0.5, 1.5, 9.0], [1.0, 1.0, 9.0]])
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    first, metrics = state.radius(h, mask)  # before any step: the micro-batch's own mean (1.0)
+    assert torch.allclose(first[mask], torch.tensor([0.025, 0.075, 0.05, 0.05]))
+    assert float(metrics["band/entropy_mean"]) == 1.0
+    assert float(metrics["band/controller_delta"]) == float(torch.tensor(0.05))  # float32, as logged
+    state.radius(h * 2, mask)  # a second micro-batch of the same step, mean 2.0
+    totals = state.take_step_totals()
+    assert totals.tolist() == [12.0, 8.0] and state.take_step_totals().tolist() == [0.0, 0.0]
+    state.close_step(*totals.tolist())
+    assert state.previous_entropy_mean == 1.5 and state.controller.steps == 1
+    assert state.controller.delta == pytest.approx(0.05 * math.exp(0.1 * 0.2))  # above target: error clipped to 0.2
+    fresh = AdaptiveRadius(0.05, "entropy", 1.0, (0.01, 0.2), target_entropy=1.0, controller_rate=0.1)
+    fresh.load_state_dict(state.state_dict())
+    assert fresh.previous_entropy_mean == 1.5 and fresh.controller.delta == state.controller.delta
+    state.close_step(0.0, 0.0)  # a step without tokens changes nothing
+    assert state.controller.steps == 1
+    with pytest.raises(ValueError, match="must lie in delta_range"):
+        AdaptiveRadius(0.5, "entropy", 1.0, (0.01, 0.2))
