@@ -16,7 +16,12 @@ from openrlhf_band.integration.compat import (
     unpad_input,
 )
 from openrlhf_band.integration.flags import add_band_arguments, band_loss_kwargs, validate_band_arguments
-from openrlhf_band.integration.fused_head import fused_forward, install_fused_head
+from openrlhf_band.integration.fused_head import (
+    add_fused_logprobs_argument,
+    fused_forward,
+    install_fused_head,
+    validate_fused_logprobs_arguments,
+)
 from openrlhf_band.integration.hooks import (
     band_after_step,
     band_checkpoint_state,
@@ -30,6 +35,7 @@ from openrlhf_band.integration.policy_loss import BandPolicyLoss
 __all__ = [
     "BandPolicyLoss",
     "add_band_arguments",
+    "add_fused_logprobs_argument",
     "all_gather",
     "band_after_step",
     "band_checkpoint_state",
@@ -46,4 +52,5 @@ __all__ = [
     "rearrange",
     "unpad_input",
     "validate_band_arguments",
+    "validate_fused_logprobs_arguments",
 ]

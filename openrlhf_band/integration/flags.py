@@ -20,7 +20,7 @@ from openrlhf_band.band.dcpo import DCPO_DEFAULT_EPS
 from openrlhf_band.band.divergences import DIVERGENCES
 from openrlhf_band.band.spec import DPPO_DIVERGENCES, BandSpec
 from openrlhf_band.functional import BACKENDS
-from openrlhf_band.integration.fused_head import add_fused_logprobs_argument, validate_fused_logprobs_arguments
+from openrlhf_band.integration.fused_head import fused_logprobs_config
 
 # The authors' runs: kl, delta 0.05, upper cap 10, relax off (an ablation the paper reports as harmful).
 BAND_DEFAULTS = {
@@ -92,10 +92,8 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
     """The band's flags for `train_ppo_ray` (dotted names, as OpenRLHF's, plus short aliases).
 
     Defaults are None here and filled in by `validate_band_arguments`, so that a band flag given
-    without `--actor.policy_loss_type band` is an error rather than silently ignored. Also adds
-    `--ds.fused_logprobs` (any loss: `openrlhf_band.integration.fused_head`).
+    without `--actor.policy_loss_type band` is an error rather than silently ignored.
     """
-    add_fused_logprobs_argument(parser)
     group = parser.add_argument_group("BandPO (openrlhf-band)")
     group.add_argument(
         "--actor.band.rule", default=None, choices=BAND_RULES,
@@ -176,7 +174,6 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
     `args` is the hierarchized namespace (`args.actor.band.delta`); errors go through
     `parser.error`, i.e. a usage message and exit status 2 at parse time.
     """
-    validate_fused_logprobs_arguments(parser, args)
     band = args.actor.band
     given = [k for k in BAND_DEFAULTS if getattr(band, k, None) is not None]
     if args.actor.policy_loss_type != "band":
@@ -303,7 +300,7 @@ def resolved_loss_config(args) -> dict:
             "implementation": args.ds.attn_implementation,
             "packing_samples": args.ds.packing_samples,
         },
-        "fused_logprobs": bool(getattr(args.ds, "fused_logprobs", False)),
+        "fused_logprobs": fused_logprobs_config(args),  # a memory option, reported beside the loss's
     }
     if args.actor.policy_loss_type != "band":
         config["eps_clip_low_high"] = list(args.actor.eps_clip_low_high)

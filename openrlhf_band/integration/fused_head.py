@@ -71,6 +71,11 @@ def validate_fused_logprobs_arguments(parser: argparse.ArgumentParser, args) -> 
         parser.error(f"{FLAG} does not support {conflicts[0]}: drop one of the two")
 
 
+def fused_logprobs_config(args) -> bool:
+    """What `check-args` reports for the flag: whether the run uses the fused head."""
+    return bool(getattr(args.ds, "fused_logprobs", False))
+
+
 @dataclass
 class _Request:
     labels: Tensor  # (B, S) next-token ids, as Actor.forward rolls them

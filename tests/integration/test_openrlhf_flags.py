@@ -3,13 +3,15 @@ and `openrlhf-band check-args`. Also OpenRLHF's own test-suite against the patch
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
-from openrlhf_band.integration.flags import band_loss_kwargs, resolved_loss_config
+from openrlhf_band.integration.flags import add_band_arguments, band_loss_kwargs, resolved_loss_config
+from openrlhf_band.integration.fused_head import add_fused_logprobs_argument
 from openrlhf_band.patching.check_args import validate_train_args
 from openrlhf_band.patching.patcher import find_site_packages
 
@@ -236,6 +238,16 @@ def test_bad_floor_and_dppo_flags_fail_at_parse_time(extra, message, capsys):
         validate_train_args([*BASE, *extra])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_memory_flag_is_registered_beside_the_band_flags_not_through_them():
+    """--ds.fused_logprobs is the patched parser's own registration (fused_head), not the band's."""
+    parser = argparse.ArgumentParser()
+    add_band_arguments(parser)
+    assert "--actor.band.delta" in parser._option_string_actions
+    assert "--ds.fused_logprobs" not in parser._option_string_actions
+    add_fused_logprobs_argument(parser)
+    assert "--ds.fused_logprobs" in parser._option_string_actions
 
 
 def test_fused_logprobs_flag_resolves_for_any_loss_and_refuses_what_it_cannot_honour(capsys):
