@@ -16,7 +16,7 @@ _PUBLIC = {
     "get_divergence": "openrlhf_band.band.divergences",
     "register_divergence": "openrlhf_band.band.divergences",
     "band_token_loss": "openrlhf_band.functional",
-    "BandKernelFallbackWarning": "openrlhf_band.functional",
+    "BandKernelFallbackWarning": "openrlhf_band.ops.fallback",
     "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
     "BandTokenLoss": "openrlhf_band.ops.token_loss",
     "BandSpec": "openrlhf_band.band.spec",
@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     from openrlhf_band.band.bounds import band_bounds
     from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
     from openrlhf_band.band.spec import BandSpec
-    from openrlhf_band.functional import BandKernelFallbackWarning, band_token_loss
+    from openrlhf_band.functional import band_token_loss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
+    from openrlhf_band.ops.fallback import BandKernelFallbackWarning
     from openrlhf_band.ops.fused_logprobs import fused_linear_logprobs
     from openrlhf_band.ops.token_loss import BandTokenLoss
 

@@ -35,6 +35,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 import openrlhf_band.functional as functional  # noqa: E402
 import openrlhf_band.ops.band_loss as band_loss_module  # noqa: E402
+import openrlhf_band.ops.fallback as fallback  # noqa: E402
 from openrlhf_band import band_bounds  # noqa: E402
 from openrlhf_band.band.spec import BandSpec  # noqa: E402
 from openrlhf_band.functional import BandKernelFallbackWarning, band_token_loss  # noqa: E402
@@ -396,7 +397,7 @@ def broken_kernel(monkeypatch):
     kernel-eligible; the record of failed variants starts empty (and is restored afterwards)."""
     monkeypatch.setattr(band_loss_module, "_band_loss_fwd_kernel", _uncompilable_kernel)
     monkeypatch.setattr(functional, "_auto_uses_kernel", lambda device: True)
-    monkeypatch.setattr(functional, "_FAILED_VARIANTS", {})
+    monkeypatch.setattr(fallback, "_FAILED_VARIANTS", {})
 
 
 def test_auto_falls_back_once_per_variant(broken_kernel, monkeypatch):
@@ -425,12 +426,12 @@ def test_auto_falls_back_once_per_variant(broken_kernel, monkeypatch):
     monkeypatch.undo()  # restores band_token_loss_triton, and the fixture's patches: re-apply them
     monkeypatch.setattr(band_loss_module, "_band_loss_fwd_kernel", _uncompilable_kernel)
     monkeypatch.setattr(functional, "_auto_uses_kernel", lambda device: True)
-    monkeypatch.setattr(functional, "_FAILED_VARIANTS", {("already", "failed"): "x"})
+    monkeypatch.setattr(fallback, "_FAILED_VARIANTS", {("already", "failed"): "x"})
     with pytest.warns(BandKernelFallbackWarning) as record:
         band_token_loss(lp, old, adv, backend="auto", dual_clip=3.0)
         band_token_loss(lp, old, adv, backend="auto", dual_clip=3.0)
     assert len(record) == 1
-    assert len(functional._FAILED_VARIANTS) == 2
+    assert len(fallback._FAILED_VARIANTS) == 2
 
 
 def test_triton_raises_on_compile_failure(broken_kernel):
@@ -438,13 +439,13 @@ def test_triton_raises_on_compile_failure(broken_kernel):
     with pytest.raises(RuntimeError, match=r"failed to compile or launch.*--actor\.band\.backend torch") as info:
         band_token_loss(lp, old, adv, backend="triton")
     assert isinstance(info.value.__cause__, triton.runtime.errors.InterpreterError)
-    assert not functional._FAILED_VARIANTS  # only "auto" records failures
+    assert not fallback._FAILED_VARIANTS  # only "auto" records failures
 
 
 def test_auto_does_not_swallow_other_errors(monkeypatch):
     """A torch OOM or a bug outside Triton propagates under auto; validation errors stay ValueErrors."""
     monkeypatch.setattr(functional, "_auto_uses_kernel", lambda device: True)
-    monkeypatch.setattr(functional, "_FAILED_VARIANTS", {})
+    monkeypatch.setattr(fallback, "_FAILED_VARIANTS", {})
     lp, old, adv = _small_inputs()
     for error in (torch.cuda.OutOfMemoryError("CUDA out of memory"), RuntimeError("a bug of ours"), ValueError("x")):
 
@@ -456,7 +457,7 @@ def test_auto_does_not_swallow_other_errors(monkeypatch):
             warnings.simplefilter("error")
             with pytest.raises(type(error)):
                 band_token_loss(lp, old, adv, backend="auto")
-    assert not functional._FAILED_VARIANTS
+    assert not fallback._FAILED_VARIANTS
     with pytest.raises(ValueError, match="dual_clip"):
         band_token_loss(lp, old, adv, backend="auto", dual_clip=0.5)
 
@@ -465,10 +466,10 @@ def test_kernel_failure_classification(monkeypatch):
     from triton.compiler.errors import CompilationError
     from triton.runtime.errors import OutOfResources, PTXASError
 
-    assert functional._is_kernel_failure(OutOfResources(300000, 232448, "shared memory"))
-    assert functional._is_kernel_failure(PTXASError("ptxas fatal"))
-    assert functional._is_kernel_failure(CompilationError("", None, "bad"))
-    assert functional._is_kernel_failure(subprocess.CalledProcessError(1, ["gcc"]))
+    assert fallback._is_kernel_failure(OutOfResources(300000, 232448, "shared memory"))
+    assert fallback._is_kernel_failure(PTXASError("ptxas fatal"))
+    assert fallback._is_kernel_failure(CompilationError("", None, "bad"))
+    assert fallback._is_kernel_failure(subprocess.CalledProcessError(1, ["gcc"]))
     # a RuntimeError raised by Triton itself (here: its driver lookup, as on a machine without a
     # usable backend) counts; the same class raised elsewhere does not
     monkeypatch.setenv("TRITON_DEFAULT_BACKEND", "no-such-backend")
@@ -476,10 +477,10 @@ def test_kernel_failure_classification(monkeypatch):
 
     with pytest.raises(RuntimeError) as info:
         _create_driver()
-    assert functional._is_kernel_failure(info.value)
+    assert fallback._is_kernel_failure(info.value)
     try:
         raise RuntimeError("ours")
     except RuntimeError as err:
-        assert not functional._is_kernel_failure(err)
-    assert not functional._is_kernel_failure(torch.cuda.OutOfMemoryError("CUDA out of memory"))
-    assert not functional._is_kernel_failure(ValueError("bad input"))
+        assert not fallback._is_kernel_failure(err)
+    assert not fallback._is_kernel_failure(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert not fallback._is_kernel_failure(ValueError("bad input"))
