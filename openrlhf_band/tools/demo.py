@@ -6,7 +6,7 @@ diagnostic ablation, paired from one warm-up checkpoint per seed.
 80 rollouts, two runs at a time (about 5 min on 2 cores); `--full` every method of METHODS over 5
 seeds; `--quick` clip and band-kl over 1 seed x 15 rollouts.
 
-The task (the "fork" design of ../shared/design/miniature-study.md). A prompt is [BOS, key,
+The task (a "fork": one rare token decides the reward; docs/demo.md). A prompt is [BOS, key,
 difficulty]; its one correct response is 6 answer tokens determined by the key. A supervised
 warm-up on noisy data leaves the five easy positions at p ~ 0.88 and the fork position (the 4th
 token) at p ~ 0.05 on hard prompts and ~ 0.3 on medium ones, with a distractor taking the rest.

@@ -1,6 +1,7 @@
 """High-precision ground truth for the Band operator bounds.
 
-Written from /work/shared/design/band-math.md alone; it does not import ``openrlhf_band``.
+Written from the band's definition below (the BandPO paper's trust region, as docs/operator.md
+states it) alone; it does not import ``openrlhf_band``.
 
 For old probability p of the sampled token and a convex generator f with f(1) = 0 the band is
 the set of ratios r in [0, 1/p] with
