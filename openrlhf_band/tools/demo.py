@@ -171,15 +171,12 @@ def _keys(prompts: Tensor, cfg: DemoConfig) -> Tensor:
 def build_actor(cfg: DemoConfig, seed: int):
     """A tiny random Qwen2 in OpenRLHF's Actor (CPU, float32, eager attention; no downloads)."""
     from openrlhf.models import Actor
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab_size(cfg), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=True,
-    )  # fmt: skip
-    config._attn_implementation = "eager"
-    actor = Actor(Qwen2ForCausalLM(config))
+    from openrlhf_band.tools.tiny_model import tiny_qwen2
+
+    model = tiny_qwen2(vocab_size(cfg), hidden=64, max_positions=32, seed=seed, tie_word_embeddings=True,
+                       attn_implementation="eager")  # fmt: skip
+    actor = Actor(model)
     actor.packing_samples = False  # OpenRLHF 0.11.2: Actor(model_object) never sets it
     return actor
 

@@ -96,27 +96,14 @@ def build_model(
 ):
     """A random Qwen2 (seed 0, untied head, bf16); its final norm scaled by `norm_scale` unless None."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        bos_token_id=None,
+    from openrlhf_band.tools.tiny_model import tiny_qwen2
+
+    model = tiny_qwen2(
+        vocab_size, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, max_positions=max_positions,
+        norm_scale=norm_scale, tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
         torch_dtype="bfloat16",
-    )
-    model = Qwen2ForCausalLM(config)
-    if norm_scale is not None:
-        with torch.no_grad():
-            model.model.norm.weight.mul_(norm_scale)
+    )  # fmt: skip
     return model.to(torch.bfloat16)
 
 

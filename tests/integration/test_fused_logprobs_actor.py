@@ -27,21 +27,17 @@ import torch
 import torch.distributed as dist
 from float32_bounds import UNIT_ROUNDOFF, assert_within, excess, lm_head_bounds
 from openrlhf.models import Actor
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from openrlhf_band.integration.fused_head import FusedHead
+from openrlhf_band.tools.tiny_model import tiny_qwen2 as build_tiny_qwen2
 
 VOCAB, BATCH, SEQ, ACTIONS = 96, 3, 14, 8
 
 
 def tiny_qwen2(tied: bool, dtype=torch.float32) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager", use_cache=False,
-        tie_word_embeddings=tied,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(dtype)
+    model = build_tiny_qwen2(VOCAB, attn_implementation="eager", use_cache=False, tie_word_embeddings=tied)
+    return model.to(dtype)
 
 
 def actor_pair(tied: bool, temperature: float = 1.0, dtype=torch.float32, packing: bool = False):

@@ -57,10 +57,11 @@ from openrlhf.models.utils import compute_approx_kl  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.utils.deepspeed import DeepspeedStrategy  # noqa: E402
 from openrlhf.utils.loss_utils import get_loss_batch_info  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import Qwen2ForCausalLM  # noqa: E402
 
 from openrlhf_band.integration.flags import BAND_DEFAULTS, band_loss_kwargs, validate_band_arguments  # noqa: E402
 from openrlhf_band.integration.policy_loss import BandPolicyLoss  # noqa: E402
+from openrlhf_band.tools.tiny_model import tiny_qwen2 as build_tiny_qwen2  # noqa: E402
 
 BAND_METRIC_KEYS = {
     "band/clip_frac_upper",
@@ -161,19 +162,7 @@ def make_args(policy_loss_type: str, band: dict | None = None) -> NS:
 
 
 def tiny_qwen2() -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-        use_cache=False,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config)
+    return build_tiny_qwen2(VOCAB, attn_implementation="eager", use_cache=False)
 
 
 def build_trainer(args: NS):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,3 +93,14 @@ def test_the_patch_set_imports_only_the_integration_package():
     assert added, "the patch set imports nothing from openrlhf_band?"
     for line in added:
         assert re.search(r"from openrlhf_band\.integration import |import openrlhf_band\.integration as ", line), line
+
+
+def test_no_file_cites_a_path_outside_the_repository():
+    """Sources and docs name files inside the repository only (a reader has nothing else)."""
+    work = "/work" + "/"  # split, so that this file does not match itself
+    outside = re.compile(rf"(?<![\w./])\.\./shared/|{work}shared/|{work}main/")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    kinds = (".py", ".md", ".sh", ".toml", ".txt")
+    texts = [p for p in tracked if p.endswith(kinds) or p in ("Makefile", "Dockerfile")]
+    hits = [p for p in texts if outside.search((ROOT / p).read_text(errors="replace"))]
+    assert hits == [], hits
