@@ -15,7 +15,7 @@ unset TRITON_INTERPRET
 status=0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > "$OUT/nvidia-smi.csv" 2>&1 || true
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
-timeout 240 python3 bench/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log" || status=1
+timeout 240 python3 -m openrlhf_band.bench.gpu_check 2>&1 | tee "$OUT/gpu_check.log" || status=1
 # AOT resource table (registers, spills, f64/f32 SASS per token, occupancy) for this device's own arch,
 # every user-facing variant, compiled in parallel; budget < 2 min (the per-token kl solver is the slow one)
 cap="$(python3 -c "import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)")"

@@ -25,7 +25,7 @@ def _cmd_plot_bounds(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    return importlib.import_module(f"openrlhf_band.tools.bench.{BENCHMARKS[args.what]}").main(args)
+    return importlib.import_module(f"openrlhf_band.bench.{BENCHMARKS[args.what]}").main(args)
 
 
 BENCHMARKS = {
@@ -62,13 +62,13 @@ def _module_command(module: str):
 
 def _aot_parser() -> argparse.ArgumentParser:
     """The parser of `openrlhf-band aot` alone (same flags as in build_parser)."""
-    from openrlhf_band.tools import aot
+    from openrlhf_band.bench import aot
 
     parser = argparse.ArgumentParser(prog="openrlhf-band", description="BandPO for OpenRLHF 0.11.2")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("aot", help=_AOT_HELP)
     aot.add_arguments(p)
-    p.set_defaults(func=_module_command("openrlhf_band.tools.aot"))
+    p.set_defaults(func=_module_command("openrlhf_band.bench.aot"))
     return parser
 
 
@@ -109,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check_args)
 
     p = sub.add_parser("aot", help=_AOT_HELP)
-    from openrlhf_band.tools import aot
+    from openrlhf_band.bench import aot
 
     aot.add_arguments(p)
-    p.set_defaults(func=_module_command("openrlhf_band.tools.aot"))
+    p.set_defaults(func=_module_command("openrlhf_band.bench.aot"))
 
     from openrlhf_band.recipe import data, results
     from openrlhf_band.tools import demo
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
     bench_sub = p.add_subparsers(dest="what", required=True)
-    from openrlhf_band.tools.bench import (
+    from openrlhf_band.bench import (
         authors_rule_bench,
         bounds_bench,
         kernel_bench,

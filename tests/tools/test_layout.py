@@ -2,6 +2,7 @@
 
     band <- ops <- functional <- integration <- patching
     recipe                        stands alone: data, reward and results import nothing of the loss
+    bench                         the benchmarks: on band, ops, functional (and recipe, for the reward's)
     tools                         the CLI and its commands, on top of everything
 
 integration is the runtime face (what the patched OpenRLHF calls); patching operates on an OpenRLHF
@@ -25,7 +26,8 @@ ALLOWED = {
     "integration": BELOW_INTEGRATION,
     "patching": BELOW_INTEGRATION | {"integration"},
     "recipe": set(),
-    "tools": BELOW_INTEGRATION | {"integration", "patching", "recipe"},
+    "bench": BELOW_INTEGRATION | {"recipe"},
+    "tools": BELOW_INTEGRATION | {"integration", "patching", "recipe", "bench"},
 }
 
 

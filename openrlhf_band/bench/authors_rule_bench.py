@@ -19,8 +19,8 @@ import argparse
 import torch
 
 from openrlhf_band.band.bounds import band_bounds
-from openrlhf_band.tools.bench.authors_baseline import authors_band_bounds
-from openrlhf_band.tools.bench.common import machine_info, rollout_log_probs, write_json
+from openrlhf_band.bench.authors_baseline import authors_band_bounds
+from openrlhf_band.bench.common import machine_info, rollout_log_probs, write_json
 
 DIVERGENCES = ("kl", "tv", "chi2")
 

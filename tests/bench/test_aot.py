@@ -17,7 +17,7 @@ from pathlib import Path
 
 import triton  # noqa: F401  - imported on purpose: no triton is a failure, not a skip
 
-from openrlhf_band.tools.aot import classify_opcode, count_sass, occupancy, variants
+from openrlhf_band.bench.aot import classify_opcode, count_sass, occupancy, variants
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ _HINTS = """
     from triton.compiler import make_backend
     from openrlhf_band.band.spec import BandSpec
     from openrlhf_band.ops.band_loss import band_token_loss_triton
-    from openrlhf_band.tools.aot import _kernel_fn, capture_launches, make_target, specialize
+    from openrlhf_band.bench.aot import _kernel_fn, capture_launches, make_target, specialize
 
     backend = make_backend(make_target(90))
     fn = _kernel_fn("fwd")
@@ -87,7 +87,7 @@ def test_specialisation_comes_from_the_launch_arguments():
 _RECORDER = """
     import json, torch
     import openrlhf_band.ops.band_loss as bl
-    from openrlhf_band.tools.aot import Variant, capture_launches, launch_variant
+    from openrlhf_band.bench.aot import Variant, capture_launches, launch_variant
     fwd, bwd = bl._band_loss_fwd_kernel, bl._band_loss_bwd_kernel
     f = launch_variant(Variant("x", "fwd", "kl", "per-token", "all", "bf16"))
     b = launch_variant(Variant("y", "bwd", dtype="bf16"))

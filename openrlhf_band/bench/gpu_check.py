@@ -1,8 +1,9 @@
 """GPU correctness and speed check for the fused Band loss kernel, in one process.
 
-Run by bench/gpu_check.sh on a CUDA machine whose image has torch and triton (it installs
-nothing). Correctness: the kernel against the torch reference on CUDA for every divergence and
-option, including masked garbage and bf16. Speed: `openrlhf-band bench kernel` at 524,288 and
+Run by bench/gpu_check.sh (`python3 -m openrlhf_band.bench.gpu_check`, the repository on
+PYTHONPATH) on a CUDA machine whose image has torch and triton (it installs nothing).
+Correctness: the kernel against the torch reference on CUDA for every divergence and option,
+including masked garbage and bf16. Speed: `openrlhf-band bench kernel` at 524,288 and
 4,194,304 tokens. Everything is written under $OUT (default bench/results/gpu).
 """
 
@@ -15,12 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from openrlhf_band import DIVERGENCES, band_bounds  # noqa: E402
-from openrlhf_band.functional import band_token_loss  # noqa: E402
+from openrlhf_band import DIVERGENCES, band_bounds
+from openrlhf_band.functional import band_token_loss
 
 
 def check_case(divergence, dtype, dual_clip, relax, upper_cap, shape, per_sequence_adv, seed=0, per_token=False):

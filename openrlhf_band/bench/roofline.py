@@ -1,6 +1,6 @@
 """Roofline estimate of the fused Band loss per variant, from the ahead-of-time resource table.
 
-    python bench/roofline.py [bench/results/aot_triton-3.7.1.json] [--target 90]
+    python -m openrlhf_band.bench.roofline [bench/results/aot_triton-3.7.1.json] [--target 90]
 
 For each forward variant: bytes moved per token (forward + backward, from the variant's inputs and
 outputs), float64 SASS instructions per token (the table's static count), and the estimated time per

@@ -21,8 +21,7 @@ import math
 import torch
 
 from openrlhf_band.band.spec import spec_from_keywords
-from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, band_token_loss_reference
-from openrlhf_band.tools.bench.common import (
+from openrlhf_band.bench.common import (
     machine_info,
     results_dir,
     rollout_log_probs,
@@ -30,6 +29,7 @@ from openrlhf_band.tools.bench.common import (
     time_side_by_side,
     write_json,
 )
+from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, band_token_loss_reference
 
 # bytes the fused kernels move per token: forward reads log_probs, old (4 + 4), advantage (4),
 # mask (1) and writes loss (4), grad coefficient (4), flags (1); backward reads coefficient and

@@ -18,7 +18,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from openrlhf_band.tools.bench.common import write_json
+from openrlhf_band.bench.common import write_json
 
 
 def equivalent_pair(rng: random.Random) -> tuple[str, str]:

@@ -19,8 +19,8 @@ import torch
 
 from openrlhf_band.band.bounds import band_bounds
 from openrlhf_band.band.divergences import DIVERGENCES
-from openrlhf_band.tools.bench.authors_baseline import authors_band_bounds
-from openrlhf_band.tools.bench.common import machine_info, rollout_log_probs, time_side_by_side, write_json
+from openrlhf_band.bench.authors_baseline import authors_band_bounds
+from openrlhf_band.bench.common import machine_info, rollout_log_probs, time_side_by_side, write_json
 
 TARGET_SPEEDUP_VS_AUTHORS = 30.0
 TARGET_MAX_RATIO_TO_CHI2 = 4.0

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from openrlhf_band.tools.bench.common import machine_info, write_json
+from openrlhf_band.bench.common import machine_info, write_json
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -181,7 +181,7 @@ def _device_memory(device: torch.device) -> int:
 
 
 def _run_worker(args, path: str, tokens: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "openrlhf_band.tools.bench.logprobs_bench", "--worker", path, str(tokens), str(out),
+    cmd = [sys.executable, "-m", "openrlhf_band.bench.logprobs_bench", "--worker", path, str(tokens), str(out),
            "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--dtype", args.dtype,
            "--temperature", str(args.temperature), "--device", args.device]  # fmt: skip
     if args.entropy:
