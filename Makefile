@@ -54,18 +54,18 @@ $(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py $(PAT
 	$(E2E_VENV)/bin/openrlhf-band patch apply
 	touch $(E2E_STAMP)
 
-# The learning study's warm-up checkpoint (tests/e2e/warmup.sh: OpenRLHF's own train_sft on the fork
-# task, about 5 min); rebuilt only when tests/e2e/learn_task.py's TASK_VERSION changes.
+# The learning study's warm-up checkpoint (studies/learn/warmup.sh: OpenRLHF's own train_sft on the fork
+# task, about 5 min); rebuilt only when studies/learn/learn_task.py's TASK_VERSION changes.
 LEARN_DIR ?= $(E2E_VENV)/learn
 learn-checkpoint: $(E2E_STAMP)
-	bash tests/e2e/warmup.sh $(LEARN_DIR)
+	bash studies/learn/warmup.sh $(LEARN_DIR)
 
 # The learning study (docs/learn_study.md): clip, Clip-Higher, band-kl, band-kl + floor 0.8, DPPO-TV,
-# 3 paired seeds x 20 steps through train_ppo_ray (tests/e2e/learn.sh; about 45 min on 2 cores), then
-# the tables, CSV and curves under docs/learn_study/. Finished runs under out/learn-study are reused.
+# 3 paired seeds x 20 steps through train_ppo_ray (studies/learn/learn.sh; about 45 min on 2 cores), then
+# the tables, CSV and curves under studies/learn/results/. Finished runs under out/learn-study are reused.
 learn-study: learn-checkpoint
-	$(E2E_VENV)/bin/python tests/e2e/learn_study.py run --seeds 3 --steps 20 --out out/learn-study
-	$(E2E_VENV)/bin/python tests/e2e/learn_study.py report --out out/learn-study --docs docs/learn_study
+	$(E2E_VENV)/bin/python studies/learn/learn_study.py run --seeds 3 --steps 20 --out out/learn-study
+	$(E2E_VENV)/bin/python studies/learn/learn_study.py report --out out/learn-study --docs studies/learn/results
 
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more; instead UNIT_WORKERS processes (pytest-xdist, a test file per
@@ -103,10 +103,10 @@ unit-cpu-paths: $(STAMP)
 e2e: $(STAMP) $(E2E_STAMP)
 	$(PY) -m pytest tests/e2e
 
-SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/patching/patches/regenerate.sh .ci/run tests/e2e/*.sh requirements/lock.sh
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/patching/patches/regenerate.sh .ci/run studies/cpu_engine/*.sh studies/learn/*.sh requirements/lock.sh
 
 lint: $(STAMP)
-	$(PY) -m ruff check openrlhf_band tests bench
+	$(PY) -m ruff check openrlhf_band tests bench studies
 	$(VENV)/bin/hadolint Dockerfile
 	$(VENV)/bin/shellcheck -x $(SHELL_SCRIPTS)
 

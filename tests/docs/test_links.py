@@ -19,7 +19,7 @@ PAGES = [p for p in PAGES if p.exists()]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 # outside tools a README command may start with (their arguments that name repo paths are checked)
 OUTSIDE_TOOLS = {"pip", "docker", "git", "cd", "export", "tensorboard", "ray", "uv", "python3", "nvidia-smi"}
-REPO_PATH = re.compile(r"^(examples|tests|bench|requirements|docs|openrlhf_band|\.ci)/")
+REPO_PATH = re.compile(r"^(examples|tests|bench|studies|requirements|docs|openrlhf_band|\.ci)/")
 
 
 def _anchor(heading: str) -> str:
@@ -138,6 +138,26 @@ def test_every_readme_command_names_something_real():
     assert [p for c in commands for p in problems(c, targets, cli)] == []
 
 
+def runs_a_test_file(command: str) -> bool:
+    """Whether a command runs a script or module under tests/ other than through pytest (the
+    test runner is the one thing meant to run them)."""
+    words = shlex.split(command)
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        words.pop(0)
+    if not words or words[0].endswith("pytest") or words[1:2] == ["-m"] and words[2:3] == ["pytest"]:
+        return False
+    return any(w.startswith("tests/") or w.startswith("tests.") for w in words)
+
+
+def test_no_user_command_runs_a_file_under_tests():
+    """Studies, benchmarks and tools live outside tests/: README and docs/ never tell a user to run
+    a file under tests/ (only pytest runs them)."""
+    commands = [c for page in PAGES if page.name != "CHANGELOG.md" for c in shell_commands(page)]
+    assert [c for c in commands if runs_a_test_file(c)] == []
+    assert runs_a_test_file("bash tests/e2e/learn.sh out/l")  # the control: what the docs said before
+    assert not runs_a_test_file("OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/band -q")
+
+
 def test_the_checks_can_fail(tmp_path):
     targets, cli = makefile_targets(), cli_commands()
     assert {"demo", "test"} <= targets and "bench" in cli and "demo" in cli
@@ -145,7 +165,7 @@ def test_the_checks_can_fail(tmp_path):
                 "frobnicate --all", "docker run -v x examples/scripts/nope.sh"):
         assert problems(bad, targets, cli), bad
     good_commands = ("make demo", "OMP_NUM_THREADS=1 openrlhf-band bench logprobs --tokens 1",
-                     "bash tests/e2e/learn.sh out/l")
+                     "bash studies/learn/learn.sh out/l")
     for good in good_commands:
         assert problems(good, targets, cli) == [], good
     page = tmp_path / "page.md"

@@ -1,4 +1,4 @@
-"""Each patch of the test-only CPU shim (tests/e2e/cpu_shim) is needed: without it the OpenRLHF call
+"""Each patch of the test-only CPU shim (studies/cpu_engine/cpu_shim) is needed: without it the OpenRLHF call
 fails on this machine (or, for the weight sync, silently sends nothing), and with it the call works."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-E2E = Path(__file__).resolve().parent
-PYTHON = E2E.parents[1] / ".venv-e2e" / "bin" / "python"
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE = ROOT / "studies" / "cpu_engine"  # the CPU engine harness: train.sh, the shim, its probes
+PYTHON = ROOT / ".venv-e2e" / "bin" / "python"
 
 
 def load_shim():
-    spec = importlib.util.spec_from_file_location("e2e_cpu_shim_names", E2E / "cpu_shim" / "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("e2e_cpu_shim_names", ENGINE / "cpu_shim" / "sitecustomize.py")
     shim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim)
     return shim
@@ -28,9 +29,9 @@ PATCH_NAMES = sorted({name for patches in load_shim().PATCHES.values() for name,
 @pytest.fixture(scope="module")
 def findings() -> dict:
     if not PYTHON.exists():
-        subprocess.run(["make", "-s", "-C", str(E2E.parents[1]), "e2e-venv"], check=True)
+        subprocess.run(["make", "-s", "-C", str(ROOT), "e2e-venv"], check=True)
     proc = subprocess.run(
-        [str(PYTHON), str(E2E / "shim_probes.py")], capture_output=True, text=True, timeout=300
+        [str(PYTHON), str(ENGINE / "shim_probes.py")], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -38,7 +39,7 @@ def findings() -> dict:
 
 @pytest.mark.parametrize("patch", PATCH_NAMES)
 def test_the_patch_is_needed_and_works(findings, patch):
-    assert patch in findings, f"no probe shows that {patch} is needed (tests/e2e/shim_probes.py)"
+    assert patch in findings, f"no probe shows that {patch} is needed (studies/cpu_engine/shim_probes.py)"
     found = findings[patch]
     assert found["unpatched_error"], found  # the unpatched call fails here
     assert "Error" not in found["patched"], found

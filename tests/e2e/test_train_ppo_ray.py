@@ -1,5 +1,5 @@
 """The real train_ppo_ray end to end: vLLM (CPU build) rollouts, Ray placement, DeepSpeed (gloo)
-training, weights back to vLLM after every step, through tests/e2e/train.sh.
+training, weights back to vLLM after every step, through studies/cpu_engine/train.sh.
 
 Each run costs about a minute, so runs are shared between the tests that read them (session-scoped
 fixtures) and combine what they can: the chi2 run also carries the clipping and weight-sync checks,
@@ -23,9 +23,9 @@ import pytest
 from openrlhf_band.recipe.results import load_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_SH = ROOT / "tests" / "e2e" / "train.sh"
-LEARN_SH = ROOT / "tests" / "e2e" / "learn.sh"
-STEPS = 3  # 12 prompts at --rollout.batch_size 4, one episode (tests/e2e/assets.py)
+TRAIN_SH = ROOT / "studies" / "cpu_engine" / "train.sh"
+LEARN_SH = ROOT / "studies" / "learn" / "learn.sh"
+STEPS = 3  # 12 prompts at --rollout.batch_size 4, one episode (studies/cpu_engine/assets.py)
 UPPER_CAP = 10.0  # the band's default cap (--actor.band.upper_cap)
 
 
@@ -70,7 +70,7 @@ def trained(out: Path, *args: str, env: dict | None = None, script: Path = TRAIN
 
 
 def learned(out: Path, *args: str, steps: int) -> Run:
-    """tests/e2e/learn.sh: GRPO from the train_sft warm-up checkpoint, `steps` rollouts, with the
+    """studies/learn/learn.sh: GRPO from the train_sft warm-up checkpoint, `steps` rollouts, with the
     held-out numbers before and after in OUT/summary.json."""
     return trained(out, *args, env={"LEARN_STEPS": str(steps)}, script=LEARN_SH)
 
@@ -434,7 +434,7 @@ def test_fused_logprobs_train_and_equal_openrlhfs_on_the_first_batch(dppo_run):
 
 
 # --- learning: train_ppo_ray raises the held-out reward ----------------------------------------------
-# From the train_sft warm-up checkpoint (tests/e2e/warmup.sh) on the fork task, 128 held-out prompts x
+# From the train_sft warm-up checkpoint (studies/learn/warmup.sh) on the fork task, 128 held-out prompts x
 # 16 samples at T=1. The study (docs/learn_study.md, 20 steps, 3 seeds) measured the seed spread of
 # the final held-out reward; the test asks for a rise above the checkpoint's larger than it.
 # 20 steps, as the study: at 10 a fresh-clone run rose only 0.096 (a slow start: few correct samples in
@@ -443,7 +443,7 @@ def test_fused_logprobs_train_and_equal_openrlhfs_on_the_first_batch(dppo_run):
 # the eval set too).
 LEARNING_STEPS = 20
 # the largest sd over seeds of a method's final held-out mean_reward, as the study measured it
-STUDY_SEED_SPREAD = json.loads((ROOT / "docs" / "learn_study" / "summary.json").read_text())["seed_spread"]
+STUDY_SEED_SPREAD = json.loads((ROOT / "studies" / "learn" / "results" / "summary.json").read_text())["seed_spread"]
 
 
 @pytest.fixture(scope="session")

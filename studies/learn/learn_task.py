@@ -2,7 +2,7 @@
 and answers that OpenRLHF's real train_sft and train_ppo_ray read, with a tokenizer and a tiny Qwen2
 built here (nothing is downloaded).
 
-    python tests/e2e/learn_task.py DIR     # writes DIR/base (model + tokenizer), DIR/sft.jsonl,
+    python studies/learn/learn_task.py DIR     # writes DIR/base (model + tokenizer), DIR/sft.jsonl,
                                             # DIR/train.jsonl, DIR/heldout.jsonl, DIR/reward.py
 
 A prompt names a ticket (a random number: what makes held-out prompts new strings), a key and a
@@ -25,7 +25,9 @@ import random
 import sys
 from pathlib import Path
 
-from assets import build_model, build_tokenizer  # tests/e2e/assets.py: the e2e model's builders, reused
+# the e2e model's builders (studies/cpu_engine/assets.py), reused
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu_engine"))
+from assets import build_model, build_tokenizer  # noqa: E402
 
 TASK_VERSION = "1"
 
@@ -156,5 +158,5 @@ def build(out: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/e2e/learn_task.py DIR")
+        sys.exit("usage: python studies/learn/learn_task.py DIR")
     build(Path(sys.argv[1]))

@@ -3,10 +3,10 @@
 # rollouts, Ray places the actor, the reference and the engine on a private local cluster (fake
 # GPUs), DeepSpeed trains over gloo, and the weights go back to vLLM after every step.
 #
-#   bash tests/e2e/train.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]      (later flags win over the base ones)
+#   bash studies/cpu_engine/train.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]      (later flags win over the base ones)
 #
 # Sets up what is missing (.venv-e2e via `make e2e-venv`; the tiny model, tokenizer, prompts and
-# reward via tests/e2e/assets.py), starts the cluster on its own ports and temp dir, runs
+# reward via studies/cpu_engine/assets.py), starts the cluster on its own ports and temp dir, runs
 # `python -m openrlhf.cli.train_ppo_ray` with the base arguments below, writes OUT_DIR/train.log,
 # OUT_DIR/tensorboard, OUT_DIR/sync.jsonl (weight-sync digests), stops the cluster and every process
 # of the run on any exit, and exits with train_ppo_ray's status. On failure it names the stage that
@@ -18,7 +18,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT_DIR="${1:?usage: bash tests/e2e/train.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]}"
+OUT_DIR="${1:?usage: bash studies/cpu_engine/train.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]}"
 shift
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -46,11 +46,11 @@ fi
 VENV="$ROOT/.venv-e2e"
 PY="$VENV/bin/python"
 ASSETS="${E2E_ASSETS:-$VENV/assets}"
-ASSETS_VERSION="$(sed -n 's/^ASSETS_VERSION = "\(.*\)"$/\1/p' "$ROOT/tests/e2e/assets.py")"
+ASSETS_VERSION="$(sed -n 's/^ASSETS_VERSION = "\(.*\)"$/\1/p' "$ROOT/studies/cpu_engine/assets.py")"
 if [[ "$(cat "$ASSETS/VERSION" 2>/dev/null)" != "$ASSETS_VERSION" ]]; then
   stage "environment: building the tiny model, tokenizer, prompts and reward in $ASSETS"
   rm -rf "$ASSETS"
-  if ! "$PY" "$ROOT/tests/e2e/assets.py" "$ASSETS" >> "$OUT_DIR/setup.log" 2>&1; then
+  if ! "$PY" "$ROOT/studies/cpu_engine/assets.py" "$ASSETS" >> "$OUT_DIR/setup.log" 2>&1; then
     fail environment 1 "$OUT_DIR/setup.log"
   fi
 fi
@@ -94,7 +94,7 @@ trap 'stage "interrupted: stopping the cluster and every process of the run"; ex
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/tests/e2e/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
+export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/studies/cpu_engine/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
 export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_ENTROPY_LOG="$OUT_DIR/entropy.jsonl" E2E_FUSED_LOG="$OUT_DIR/fused.jsonl"
 : > "$E2E_SYNC_LOG"
 : > "$E2E_ENTROPY_LOG"

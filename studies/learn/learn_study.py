@@ -1,8 +1,8 @@
 """The learning study through the real train_ppo_ray: clip, Clip-Higher, band-kl, band-kl with the
-lower floor 0.8 and DPPO-TV, paired seeds from one warm-up checkpoint (tests/e2e/learn.sh each).
+lower floor 0.8 and DPPO-TV, paired seeds from one warm-up checkpoint (studies/learn/learn.sh each).
 
-    python tests/e2e/learn_study.py run --seeds 3 --out out/learn-study      (make learn-study)
-    python tests/e2e/learn_study.py report --out out/learn-study --docs docs/learn_study
+    python studies/learn/learn_study.py run --seeds 3 --out out/learn-study      (make learn-study)
+    python studies/learn/learn_study.py report --out out/learn-study --docs docs/learn_study
 
 `run` calls learn.sh once per (seed, method), seed by seed so that a stopped study still holds whole
 pairs, and skips runs whose summary.json exists. Pairing: every method of a seed starts from the
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LEARN_SH = ROOT / "tests" / "e2e" / "learn.sh"
+LEARN_SH = ROOT / "studies" / "learn" / "learn.sh"
 
 # method -> train_ppo_ray flags (on top of learn.sh's); the band family's chosen floor is 0.8
 # (docs/band_family.md), DPPO-TV takes the DPPO authors' radius 0.15 and truncation 1e4 (the default)

@@ -1,7 +1,7 @@
-"""Shows that each patch of tests/e2e/cpu_shim is needed: the unpatched OpenRLHF call fails on this
+"""Shows that each patch of studies/cpu_engine/cpu_shim is needed: the unpatched OpenRLHF call fails on this
 machine, and the patched one works. Run in .venv-e2e (it needs vLLM) by test_cpu_shim.py:
 
-    .venv-e2e/bin/python tests/e2e/shim_probes.py      # prints one JSON object: patch -> findings
+    .venv-e2e/bin/python studies/cpu_engine/shim_probes.py      # prints one JSON object: patch -> findings
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Does the real train_ppo_ray learn? GRPO from the warm-up checkpoint that OpenRLHF's own train_sft
-# made (tests/e2e/warmup.sh) on the fork task (tests/e2e/learn_task.py), with its exact-match reward,
-# through tests/e2e/train.sh (vLLM CPU build, Ray, DeepSpeed ZeRO-3 over gloo, weight sync).
+# made (studies/learn/warmup.sh) on the fork task (studies/learn/learn_task.py), with its exact-match reward,
+# through studies/cpu_engine/train.sh (vLLM CPU build, Ray, DeepSpeed ZeRO-3 over gloo, weight sync).
 #
-#   bash tests/e2e/learn.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]       (later flags win, as in train.sh)
-#   e.g. bash tests/e2e/learn.sh out/l --loss band --band_divergence kl
+#   bash studies/learn/learn.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]       (later flags win, as in train.sh)
+#   e.g. bash studies/learn/learn.sh out/l --loss band --band_divergence kl
 #
 # The regime is the one where the clip binds (the demo's argument): each rollout of 8 prompts x 8
 # samples is trained for LEARN_EPOCHS epochs of 4 mini-batches, so a token's own earlier updates
@@ -21,7 +21,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT_DIR="${1:?usage: bash tests/e2e/learn.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]}"
+OUT_DIR="${1:?usage: bash studies/learn/learn.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]}"
 shift
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -34,7 +34,7 @@ echo "[learn] the warm-up checkpoint ($TASK)" >&2
 make -s -C "$ROOT" learn-checkpoint LEARN_DIR="$TASK" >&2
 
 RUN_ID="learn-$$-$RANDOM$RANDOM"
-"$PY" "$ROOT/tests/e2e/learn_eval.py" watch --run-id "$RUN_ID" --out "$OUT_DIR/memory.json" &
+"$PY" "$ROOT/studies/learn/learn_eval.py" watch --run-id "$RUN_ID" --out "$OUT_DIR/memory.json" &
 WATCH=$!
 trap 'kill "$WATCH" 2>/dev/null || true' EXIT
 
@@ -53,7 +53,7 @@ LEARN_ARGS=(
 )
 start=$SECONDS
 status=0
-E2E_RUN_NAME="$RUN_ID" bash "$ROOT/tests/e2e/train.sh" "$OUT_DIR" "${LEARN_ARGS[@]}" "$@" || status=$?
+E2E_RUN_NAME="$RUN_ID" bash "$ROOT/studies/cpu_engine/train.sh" "$OUT_DIR" "${LEARN_ARGS[@]}" "$@" || status=$?
 kill "$WATCH" 2>/dev/null || true
 wait "$WATCH" 2>/dev/null || true
 if [[ $status -ne 0 ]]; then
@@ -62,5 +62,5 @@ if [[ $status -ne 0 ]]; then
 fi
 printf '%s\n' "${LEARN_ARGS[@]}" "$@" > "$OUT_DIR/args.txt"
 echo "[learn] held-out evaluation of the trained model ($OUT_DIR/model)" >&2
-"$PY" "$ROOT/tests/e2e/learn_eval.py" summary --task "$TASK" --run "$OUT_DIR" --seconds "$((SECONDS - start))" >&2
+"$PY" "$ROOT/studies/learn/learn_eval.py" summary --task "$TASK" --run "$OUT_DIR" --seconds "$((SECONDS - start))" >&2
 echo "[learn] done: $OUT_DIR/summary.json" >&2

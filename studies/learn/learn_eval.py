@@ -1,9 +1,9 @@
-"""Held-out numbers of one policy on the learning study's task (tests/e2e/learn_task.py): what
-tests/e2e/learn.sh records before and after training, and warmup.sh for the checkpoint.
+"""Held-out numbers of one policy on the learning study's task (studies/learn/learn_task.py): what
+studies/learn/learn.sh records before and after training, and warmup.sh for the checkpoint.
 
-    python tests/e2e/learn_eval.py eval --task DIR --model MODEL_DIR --out FILE.json [--samples 16] [--seed 0]
-    python tests/e2e/learn_eval.py summary --task DIR --run OUT_DIR --seconds S   (learn.sh, after the run)
-    python tests/e2e/learn_eval.py watch --run-id ID --out FILE.json              (learn.sh, during it)
+    python studies/learn/learn_eval.py eval --task DIR --model MODEL_DIR --out FILE.json [--samples 16] [--seed 0]
+    python studies/learn/learn_eval.py summary --task DIR --run OUT_DIR --seconds S   (learn.sh, after the run)
+    python studies/learn/learn_eval.py watch --run-id ID --out FILE.json              (learn.sh, during it)
 
 - mean_reward: the exact-match rate of replies sampled at temperature 1 (top_p 1, no top_k), `samples`
   per held-out prompt, scored by the task's own reward file; also on hard and medium prompts.

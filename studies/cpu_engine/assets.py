@@ -1,7 +1,7 @@
 """Build what the end-to-end run trains on, offline: a tiny random Qwen2, its tokenizer, a prompt set
 with verifiable labels, and the reward file for `--reward.remote_url`.
 
-    python tests/e2e/assets.py DIR        # writes DIR/model, DIR/prompts.jsonl, DIR/reward.py
+    python studies/cpu_engine/assets.py DIR        # writes DIR/model, DIR/prompts.jsonl, DIR/reward.py
 
 Nothing is downloaded. The tokenizer is a byte-level BPE trained here on the prompts' own text and
 saved as a `PreTrainedTokenizerFast` with a chat template; the model has random weights.
@@ -125,5 +125,5 @@ def build(out: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/e2e/assets.py DIR")
+        sys.exit("usage: python studies/cpu_engine/assets.py DIR")
     build(Path(sys.argv[1]))

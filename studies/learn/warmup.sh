@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The learning study's warm-up checkpoint, made by OpenRLHF itself: the real
 # `python -m openrlhf.cli.train_sft` (DeepSpeed over gloo, one rank, through the test-only CPU shim)
-# fits the noisy fork-task data of tests/e2e/learn_task.py into a tiny random Qwen2.
+# fits the noisy fork-task data of studies/learn/learn_task.py into a tiny random Qwen2.
 #
-#   bash tests/e2e/warmup.sh DIR      (make learn-checkpoint: DIR = .venv-e2e/learn)
+#   bash studies/learn/warmup.sh DIR      (make learn-checkpoint: DIR = .venv-e2e/learn)
 #
 # Writes DIR/base (the random model and the tokenizer), DIR/{sft,train,heldout}.jsonl, DIR/reward.py,
 # DIR/checkpoint (the Hugging Face model train_sft saves), DIR/sft.log, DIR/checkpoint_eval.json (the
@@ -12,10 +12,10 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-DIR="${1:?usage: bash tests/e2e/warmup.sh DIR}"
+DIR="${1:?usage: bash studies/learn/warmup.sh DIR}"
 VENV="$ROOT/.venv-e2e"
 PY="$VENV/bin/python"
-VERSION="$(sed -n 's/^TASK_VERSION = "\(.*\)"$/\1/p' "$ROOT/tests/e2e/learn_task.py")"
+VERSION="$(sed -n 's/^TASK_VERSION = "\(.*\)"$/\1/p' "$ROOT/studies/learn/learn_task.py")"
 
 if [[ "$(cat "$DIR/VERSION" 2>/dev/null)" == "$VERSION" ]]; then
   echo "[warmup] $DIR is current (task version $VERSION)" >&2
@@ -25,12 +25,12 @@ rm -rf "$DIR"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 echo "[warmup] task, tokenizer and random model in $DIR" >&2
-"$PY" "$ROOT/tests/e2e/learn_task.py" "$DIR" > "$DIR/task.log" 2>&1 || { cat "$DIR/task.log" >&2; exit 1; }
+"$PY" "$ROOT/studies/learn/learn_task.py" "$DIR" > "$DIR/task.log" 2>&1 || { cat "$DIR/task.log" >&2; exit 1; }
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # One rank, the variables DeepSpeed's launcher would set; the shim makes OpenRLHF's CUDA calls CPU ones.
-export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/tests/e2e/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
+export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/studies/cpu_engine/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
 MASTER_PORT="$(free_port)"
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT
 export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions" GLOO_SOCKET_IFNAME=lo TOKENIZERS_PARALLELISM=false
@@ -50,5 +50,5 @@ if ! "$PY" -m openrlhf.cli.train_sft \
   exit 1
 fi
 echo "[warmup] train_sft done in $((SECONDS - start)) s; the checkpoint's held-out numbers" >&2
-"$PY" "$ROOT/tests/e2e/learn_eval.py" eval --task "$DIR" --model "$DIR/checkpoint" --out "$DIR/checkpoint_eval.json" >&2
+"$PY" "$ROOT/studies/learn/learn_eval.py" eval --task "$DIR" --model "$DIR/checkpoint" --out "$DIR/checkpoint_eval.json" >&2
 echo "$VERSION" > "$DIR/VERSION"

@@ -1,7 +1,7 @@
 """Test-only CPU shim: lets OpenRLHF 0.11.2's real `train_ppo_ray` run on a machine without CUDA.
 
 Loaded by Python at start-up (`sitecustomize`) in every process of an end-to-end run, because
-`tests/e2e/train.sh` puts this folder on PYTHONPATH before it starts Ray: the driver, the Ray actors
+`studies/cpu_engine/train.sh` puts this folder on PYTHONPATH before it starts Ray: the driver, the Ray actors
 (DeepSpeed actor and reference, the vLLM rollout actor) and vLLM's engine-core process. It patches
 OpenRLHF modules in memory right after they are imported; no file on disk changes, and nothing of it
 is in `openrlhf_band`. Each patch is one entry of PATCHES with the reason it exists; each is shown to

@@ -1,6 +1,6 @@
-"""The tables of docs/band_family.md from a demo run's metrics.csv (default docs/band_family/metrics.csv).
+"""The tables of docs/band_family.md from a demo run's metrics.csv (default studies/band_family/results/metrics.csv).
 
-    .venv/bin/python docs/band_family/tables.py [metrics.csv] [--check docs/demo_metrics.csv]
+    .venv/bin/python studies/band_family/tables.py [metrics.csv] [--check docs/demo_metrics.csv]
 
 Prints markdown: final absolute values (mean +- sd over seeds), paired differences to clip and to
 band-kl, the share of band-kl's mean@32 gain each method keeps, the entropy test (|paired entropy
@@ -53,7 +53,7 @@ def ms(values, signed=False):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("csv", nargs="?", default="docs/band_family/metrics.csv")
+    parser.add_argument("csv", nargs="?", default="studies/band_family/results/metrics.csv")
     parser.add_argument("--check", default=None)
     args = parser.parse_args()
     rows = read(Path(args.csv))
