@@ -48,35 +48,42 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-# Each method is a way to get (lower, upper) ratio bounds from the old log-probs; "clip" kinds run
-# through OpenRLHF's PolicyLoss, the others through BandPolicyLoss ("band" and "dppo" with its own
-# options, "dcpo" and the ablation with bounds_fn). A "band" takes DemoConfig's delta (0.05) and cap
-# (10) unless it says otherwise; "lower_floor" F makes each token's lower bound max(r_low, F).
-METHODS = {
-    "clip": {"kind": "clip", "eps": (0.2, 0.2)},
-    "clip-higher": {"kind": "clip", "eps": (0.2, 0.28)},
-    "band-kl": {"kind": "band", "divergence": "kl"},
-    "band-tv": {"kind": "band", "divergence": "tv"},
-    "band-chi2": {"kind": "band", "divergence": "chi2"},
-    "dcpo": {"kind": "dcpo", "eps": (0.16, 0.20)},
-    # diagnostic: the kl band's upper bound with the fixed clip's lower bound (tests the reason
-    # given for the band's lower entropy: its lower bound goes to 0 for rare tokens)
-    "band-kl+clip-low": {"kind": "band-upper-clip-lower", "divergence": "kl", "eps_low": 0.2},
-    # the adaptive radius (openrlhf_band/band/adaptive.py): delta_t from each token's entropy
-    "band-kl-entropy": {"kind": "band", "divergence": "kl", "adaptive": "entropy"},
-    # the lower floor (--actor.band.lower_floor F): lower bound max(r_low(p), F). Not the ablation:
-    # that one sets the lower bound to 0.8 for every token; the kl band's own r_low (delta 0.05)
-    # exceeds 0.8 for p > 0.751 (0.867 at p = 0.9), where the floor leaves it alone
-    "band-kl-floor-0.5": {"kind": "band", "divergence": "kl", "lower_floor": 0.5},
-    "band-kl-floor-0.7": {"kind": "band", "divergence": "kl", "lower_floor": 0.7},
-    "band-kl-floor": {"kind": "band", "divergence": "kl", "lower_floor": 0.8},
-    "band-kl-floor-0.9": {"kind": "band", "divergence": "kl", "lower_floor": 0.9},
-    "band-kl-entropy-floor": {"kind": "band", "divergence": "kl", "adaptive": "entropy", "lower_floor": 0.8},
-    # DPPO (--actor.band.rule dppo): binary tv / kl trust region with the DPPO authors' radii
-    # (delta_low = delta_high), no cap, no dual clip, the ratio truncation c = 1e4 of their scripts
-    "dppo-tv": {"kind": "dppo", "divergence": "tv", "delta": 0.15, "lower_delta": 0.15, "truncation": 1e4},
-    "dppo-kl": {"kind": "dppo", "divergence": "kl", "delta": 0.05, "lower_delta": 0.05, "truncation": 1e4},
-}
+from openrlhf_band.integration.methods import METHOD_FLAGS, method_clip_eps, method_loss_kwargs, method_spec
+
+
+# Each method is a way to get (lower, upper) ratio bounds from the old log-probs, named as in
+# openrlhf_band.integration.methods (the train_ppo_ray flags of each, the one source): "clip" kinds run
+# through OpenRLHF's PolicyLoss, the others through BandPolicyLoss built from those flags, with the
+# demo's radius (DemoConfig.delta, 0.05) and cap (10) for the band rules (DPPO keeps its own radii and
+# has no cap; DCPO takes the cap). METHODS holds what the demo reads of each: its kind and options.
+# One diagnostic is the demo's own: "band-kl+clip-low", the kl band's upper bound with the fixed
+# clip's lower bound (tests the reason given for the band's lower entropy: its lower bound goes to 0
+# for rare tokens); the floor (lower bound max(r_low, F)) is its training form: the kl band's own
+# r_low (delta 0.05) exceeds 0.8 for p > 0.751 (0.867 at p = 0.9), where the floor leaves it alone.
+def _facets(name: str) -> dict:
+    """What the demo reads of a registered method, from what its flags resolve to."""
+    spec = method_spec(name)
+    if spec is None:
+        return {"kind": "clip", "eps": method_clip_eps(name)}
+    if spec.rule == "dcpo":
+        return {"kind": "dcpo", "eps": spec.dcpo_eps}
+    if spec.rule == "dppo":
+        return {"kind": "dppo", "divergence": spec.divergence, "delta": spec.delta, "lower_delta": spec.lower_delta,
+                "truncation": spec.ratio_truncation}  # fmt: skip
+    facets = {"kind": "band", "divergence": spec.divergence}
+    if method_loss_kwargs(name)["adaptive"] != "none":
+        facets["adaptive"] = method_loss_kwargs(name)["adaptive"]
+    if spec.lower_floor is not None:
+        facets["lower_floor"] = spec.lower_floor
+    return facets
+
+
+METHODS: dict[str, dict] = {}
+for _name in METHOD_FLAGS:
+    METHODS[_name] = _facets(_name)
+    if _name == "dcpo":
+        METHODS["band-kl+clip-low"] = {"kind": "band-upper-clip-lower", "divergence": "kl", "eps_low": 0.2}
+del _name
 # what `make demo` runs: the clip, the kl band, the kl band with the lower floor 0.8, and the
 # diagnostic ablation the floor is the training form of (4 methods x 3 seeds: about 5 min, 2 workers)
 DEFAULT_METHODS = ["clip", "band-kl", "band-kl-floor", "band-kl+clip-low"]
@@ -236,52 +243,53 @@ def evaluate(actor, prompts: Tensor, hard: Tensor, cfg: DemoConfig) -> dict[str,
 
 
 # ---------------------------------------------------------------------------------------------- methods
+def _demo_flags(method: str, cfg: DemoConfig) -> tuple[str, ...]:
+    """The demo's settings after a method's flags: the torch backend (CPU), and DemoConfig's radius
+    and cap for the band rules (DPPO keeps its radii and has no cap; DCPO takes the cap)."""
+    kind = METHODS[method]["kind"]
+    flags = ("--actor.band.backend", "torch")
+    if kind == "band":
+        flags += ("--band_delta", repr(cfg.delta), "--actor.band.upper_cap", repr(cfg.upper_cap))
+    elif kind == "dcpo":
+        flags += ("--actor.band.upper_cap", repr(cfg.upper_cap))
+    return flags
+
+
 def method_bounds(method: str, cfg: DemoConfig):
     """old_log_probs -> (lower, upper): the bounds the method clips to (also used for its clip stats)."""
-    from openrlhf_band.band.bounds import band_bounds
-    from openrlhf_band.band.dcpo import dcpo_bounds
+    from openrlhf_band.band.bounds import band_bounds, spec_bounds
 
-    spec = METHODS[method]
-    kind = spec["kind"]
+    facets = METHODS[method]
+    kind = facets["kind"]
     if kind == "clip":
-        eps_low, eps_high = spec["eps"]
+        eps_low, eps_high = facets["eps"]
         return lambda old: (torch.full_like(old, 1 - eps_low), torch.full_like(old, 1 + eps_high))
-    if kind == "band":  # (for the entropy rule the loss reports the per-token bounds it used instead)
-        return functools.partial(band_bounds, divergence=spec["divergence"], delta=cfg.delta, upper_cap=cfg.upper_cap,
-                                 lower_floor=spec.get("lower_floor"))  # fmt: skip
-    if kind == "dppo":
-        return functools.partial(band_bounds, divergence=spec["divergence"], delta=spec["delta"],
-                                 lower_delta=spec["lower_delta"])  # fmt: skip
-    if kind == "dcpo":
-        return functools.partial(dcpo_bounds, eps_low=spec["eps"][0], eps_high=spec["eps"][1], upper_cap=cfg.upper_cap)
+    if kind in ("band", "dppo", "dcpo"):  # (for the entropy rule the loss reports the per-token bounds it used)
+        return functools.partial(spec_bounds, method_spec(method, *_demo_flags(method, cfg)))
     if kind == "band-upper-clip-lower":
 
         def bounds(old):
-            _, upper = band_bounds(old, spec["divergence"], cfg.delta, upper_cap=cfg.upper_cap)
-            return torch.full_like(upper, 1 - spec["eps_low"]), upper
+            _, upper = band_bounds(old, facets["divergence"], cfg.delta, upper_cap=cfg.upper_cap)
+            return torch.full_like(upper, 1 - facets["eps_low"]), upper
 
         return bounds
     raise ValueError(f"unknown method {method!r}")
 
 
 def make_loss(method: str, cfg: DemoConfig):
+    """The method's loss module: OpenRLHF's PolicyLoss for the clip, else BandPolicyLoss from the
+    method's flags as train_ppo_ray resolves them (the ablation: its bounds as bounds_fn)."""
     from openrlhf.models.loss import PolicyLoss
 
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
 
-    spec = METHODS[method]
+    facets = METHODS[method]
     common = dict(token_level_loss=False)  # seq-mean-token-mean, as in the recipe
-    if spec["kind"] == "clip":
-        return PolicyLoss(*spec["eps"], **common)
-    if spec["kind"] == "band":
-        return BandPolicyLoss(divergence=spec["divergence"], delta=cfg.delta, upper_cap=cfg.upper_cap,
-                              adaptive=spec.get("adaptive", "none"), lower_floor=spec.get("lower_floor"),
-                              backend="torch", **common)  # fmt: skip
-    if spec["kind"] == "dppo":  # as flags.band_loss_kwargs builds it: no cap, no dual clip
-        return BandPolicyLoss(divergence=spec["divergence"], delta=spec["delta"], lower_delta=spec["lower_delta"],
-                              upper_cap=None, ratio_truncation=spec["truncation"], backend="torch",
-                              **common)  # fmt: skip
-    return BandPolicyLoss(backend="torch", bounds_fn=method_bounds(method, cfg), **common)
+    if facets["kind"] == "clip":
+        return PolicyLoss(*facets["eps"], **common)
+    if facets["kind"] == "band-upper-clip-lower":
+        return BandPolicyLoss(backend="torch", bounds_fn=method_bounds(method, cfg), **common)
+    return BandPolicyLoss(**method_loss_kwargs(method, *_demo_flags(method, cfg)), **common)
 
 
 class ClipStats:

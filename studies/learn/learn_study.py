@@ -24,18 +24,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from openrlhf_band.integration.methods import METHOD_FLAGS
+
 ROOT = Path(__file__).resolve().parents[2]
 LEARN_SH = ROOT / "studies" / "learn" / "learn.sh"
 
-# method -> train_ppo_ray flags (on top of learn.sh's); the band family's chosen floor is 0.8
-# (docs/band_family.md), DPPO-TV takes the DPPO authors' radius 0.15 and truncation 1e4 (the default)
-METHODS = {
-    "clip": ["--actor.eps_clip_low_high", "0.2", "0.2"],
-    "clip-higher": ["--actor.eps_clip_low_high", "0.2", "0.28"],
-    "band-kl": ["--loss", "band", "--band_divergence", "kl"],
-    "band-kl-floor": ["--loss", "band", "--band_divergence", "kl", "--actor.band.lower_floor", "0.8"],
-    "dppo-tv": ["--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv", "--band_delta", "0.15"],
-}
+# method -> train_ppo_ray flags (on top of learn.sh's), from the one table of named methods
+# (openrlhf_band.integration.methods): the band family's chosen floor is 0.8 (docs/band_family.md),
+# DPPO-TV takes the DPPO authors' radius 0.15 and truncation 1e4 (the default)
+METHODS = {name: list(METHOD_FLAGS[name]) for name in ("clip", "clip-higher", "band-kl", "band-kl-floor", "dppo-tv")}
 SEED0 = 42  # train.sh's --train.seed; seed i of the study is SEED0 + i
 # per-step columns of steps.csv: (csv name, TensorBoard tag)
 STEP_COLUMNS = [
