@@ -61,18 +61,19 @@ from openrlhf_band.integration.methods import METHOD_FLAGS, method_clip_eps, met
 # for rare tokens); the floor (lower bound max(r_low, F)) is its training form: the kl band's own
 # r_low (delta 0.05) exceeds 0.8 for p > 0.751 (0.867 at p = 0.9), where the floor leaves it alone.
 def _facets(name: str) -> dict:
-    """What the demo reads of a registered method, from what its flags resolve to."""
-    spec = method_spec(name)
-    if spec is None:
+    """What the demo reads of a registered method, from what its flags resolve to (resolved once)."""
+    loss_kwargs = method_loss_kwargs(name)
+    if loss_kwargs is None:
         return {"kind": "clip", "eps": method_clip_eps(name)}
+    spec = loss_kwargs["band"]
     if spec.rule == "dcpo":
         return {"kind": "dcpo", "eps": spec.dcpo_eps}
     if spec.rule == "dppo":
         return {"kind": "dppo", "divergence": spec.divergence, "delta": spec.delta, "lower_delta": spec.lower_delta,
                 "truncation": spec.ratio_truncation}  # fmt: skip
     facets = {"kind": "band", "divergence": spec.divergence}
-    if method_loss_kwargs(name)["adaptive"] != "none":
-        facets["adaptive"] = method_loss_kwargs(name)["adaptive"]
+    if loss_kwargs["adaptive"] != "none":
+        facets["adaptive"] = loss_kwargs["adaptive"]
     if spec.lower_floor is not None:
         facets["lower_floor"] = spec.lower_floor
     return facets
