@@ -21,6 +21,9 @@ _PUBLIC = {
     "BandTokenLoss": "openrlhf_band.ops.token_loss",
     "BandSpec": "openrlhf_band.band.spec",
     "fused_linear_logprobs": "openrlhf_band.ops.fused_logprobs",
+    "make_policy_loss": "openrlhf_band.integration.objective_loss",
+    "ObjectivePolicyLoss": "openrlhf_band.integration.objective_loss",
+    "register_objective": "openrlhf_band.objectives.registry",
 }
 __all__ = [
     "DIVERGENCES",
@@ -31,9 +34,12 @@ __all__ = [
     "Divergence",
     "band_bounds",
     "band_token_loss",
+    "ObjectivePolicyLoss",
     "fused_linear_logprobs",
     "get_divergence",
+    "make_policy_loss",
     "register_divergence",
+    "register_objective",
 ]
 __version__ = "0.1.0"
 
@@ -42,7 +48,9 @@ if TYPE_CHECKING:
     from openrlhf_band.band.divergences import DIVERGENCES, Divergence, get_divergence, register_divergence
     from openrlhf_band.band.spec import BandSpec
     from openrlhf_band.functional import band_token_loss
+    from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss, make_policy_loss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
+    from openrlhf_band.objectives.registry import register_objective
     from openrlhf_band.ops.fallback import BandKernelFallbackWarning
     from openrlhf_band.ops.fused_logprobs import fused_linear_logprobs
     from openrlhf_band.ops.token_loss import BandTokenLoss

@@ -21,6 +21,12 @@ from openrlhf_band.band.divergences import DIVERGENCES
 from openrlhf_band.band.spec import DPPO_DIVERGENCES, BandSpec
 from openrlhf_band.functional import BACKENDS
 from openrlhf_band.integration.fused_head import fused_logprobs_config
+from openrlhf_band.integration.objective_flags import (
+    add_objective_arguments,
+    resolved_objective_config,
+    uses_band_bounds,
+    validate_objective_arguments,
+)
 
 # The authors' runs: kl, delta 0.05, upper cap 10, relax off (an ablation the paper reports as harmful).
 BAND_DEFAULTS = {
@@ -176,12 +182,18 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
     """
     band = args.actor.band
     given = [k for k in BAND_DEFAULTS if getattr(band, k, None) is not None]
-    if args.actor.policy_loss_type != "band":
+    if args.actor.policy_loss_type != "band" and not uses_band_bounds(args):
         if given:
             parser.error(
-                f"--actor.band.{given[0]} needs the band loss: add --actor.policy_loss_type band (or --loss band)"
+                f"--actor.band.{given[0]} needs the band loss: add --actor.policy_loss_type band (or --loss band), "
+                "or the band's bounds in CISPO: --loss cispo --actor.cispo.bounds band"
             )
         return
+    if uses_band_bounds(args) and band.rule == "dppo":
+        parser.error(
+            "--actor.band.rule dppo does not apply to --actor.cispo.bounds band (DPPO is an objective of its own): "
+            "use --actor.band.rule trust_region or dcpo"
+        )
     if band.rule == "dcpo":
         refused = [flag for key, flag in TRUST_REGION_ONLY.items() if key in given]
         if refused:
@@ -258,6 +270,19 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         args.actor.entropy_coef = 0.0  # the adaptive radius reads the entropy OpenRLHF computes for its log
 
 
+def add_loss_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every loss flag this package adds to train_ppo_ray: the band's and the registered objectives'."""
+    add_band_arguments(parser)
+    add_objective_arguments(parser)
+
+
+def validate_loss_arguments(parser: argparse.ArgumentParser, args) -> None:
+    """Check and fill the loss flags after parsing: the objectives' first (CISPO's bounds decide
+    whether the band's flags apply), then the band's."""
+    validate_objective_arguments(parser, args)
+    validate_band_arguments(parser, args)
+
+
 def band_spec(band) -> BandSpec:
     """The `BandSpec` of the filled-in `args.actor.band` namespace (ValueError if invalid)."""
     if band.rule == "dcpo":  # DCPO's bounds depend on its eps alone: the trust region's knobs are not its
@@ -302,8 +327,12 @@ def resolved_loss_config(args) -> dict:
         },
         "fused_logprobs": fused_logprobs_config(args),  # a memory option, reported beside the loss's
     }
-    if args.actor.policy_loss_type != "band":
+    loss = args.actor.policy_loss_type
+    if loss not in ("ppo", "gspo", "band"):
+        config["objective"] = resolved_objective_config(args)
+    if loss in ("ppo", "gspo"):
         config["eps_clip_low_high"] = list(args.actor.eps_clip_low_high)
+    if loss != "band" and not uses_band_bounds(args):
         return config
     band = args.actor.band
     if band.rule == "dcpo":

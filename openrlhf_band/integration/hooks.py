@@ -1,20 +1,38 @@
-"""What the patched `ActorPPOTrainer` / `PolicyModelActor` call around the loss: each is a no-op for
-any loss but a `BandPolicyLoss` with an adaptive radius, so the patch lines stay unconditional."""
+"""What the patched `ActorPPOTrainer` / `PolicyModelActor` call around the loss: the loss class, its
+metrics, and the adaptive radius' inputs, step and checkpoint state (no-ops for any loss but a
+`BandPolicyLoss` with an adaptive radius), so the patch lines stay unconditional."""
 
 from __future__ import annotations
 
 from openrlhf_band.integration.flags import band_loss_kwargs
+from openrlhf_band.integration.objective_flags import objective_loss_kwargs, uses_band_bounds
+from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss
 from openrlhf_band.integration.policy_loss import BandPolicyLoss
+from openrlhf_band.objectives import OBJECTIVES
 
 CHECKPOINT_KEY = "openrlhf_band"  # the entry of OpenRLHF's checkpoint client_states
 
 
 def loss_class_and_kwargs(args, policy_loss_class) -> tuple[type, dict]:
-    """The actor's loss class and its extra keyword arguments: OpenRLHF's own PolicyLoss and none,
-    or BandPolicyLoss and the band's arguments when `--loss band` is selected."""
-    if args.actor.policy_loss_type == "band":
+    """The actor's loss class and its extra keyword arguments (beside OpenRLHF's own, which the
+    actor passes): OpenRLHF's PolicyLoss and none for ppo / gspo; BandPolicyLoss and the band's
+    arguments for `--loss band` and for `--loss cispo --actor.cispo.bounds band`; ObjectivePolicyLoss
+    and the objective's options for the other registered objectives (`make_policy_loss` builds the
+    same modules from Python)."""
+    loss = args.actor.policy_loss_type
+    if loss == "band" or uses_band_bounds(args):
         return BandPolicyLoss, band_loss_kwargs(args)
+    if loss in OBJECTIVES:
+        return ObjectivePolicyLoss, objective_loss_kwargs(args)
     return policy_loss_class, {}
+
+
+def loss_metrics(loss_fn) -> dict:
+    """The loss's metrics of its last forward, for `experience.info`: `band/*` of a BandPolicyLoss,
+    `<objective>/*` of an ObjectivePolicyLoss, none for OpenRLHF's own."""
+    if isinstance(loss_fn, BandPolicyLoss):
+        return loss_fn.band_metrics
+    return getattr(loss_fn, "loss_metrics", {}) if isinstance(loss_fn, ObjectivePolicyLoss) else {}
 
 
 def band_loss_inputs(loss_fn, output, action_mask) -> dict:

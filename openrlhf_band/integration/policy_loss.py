@@ -16,7 +16,9 @@ from torch import Tensor, nn
 from openrlhf_band.band.adaptive import DEFAULT_CONTROLLER_RATE, DEFAULT_ENTROPY_POWER, AdaptiveRadius
 from openrlhf_band.band.spec import BandSpec
 from openrlhf_band.functional import BACKENDS, band_token_loss_from_spec
+from openrlhf_band.integration.is_correction import ISCorrection
 from openrlhf_band.integration.metrics import band_metrics
+from openrlhf_band.objectives.band_cispo import band_cispo_token_loss
 
 
 class BandPolicyLoss(nn.Module):
@@ -37,6 +39,11 @@ class BandPolicyLoss(nn.Module):
     `bounds_fn(old_log_probs) -> (lower, upper)` replaces the band with any other rule of the old
     log-probs (a fixed interval, a probability-dependent clip); its bounds are used as given, except
     for `lower_floor`, which applies to every rule: each lower bound becomes max(lower, F).
+
+    `policy_loss_type="cispo"`: CISPO (arXiv 2506.13585) with the band's bounds in place of its fixed
+    interval, -sg(clip(r, r_low(p), r_up(p))) A log pi per token (`openrlhf_band.objectives.band_cispo`),
+    with every option of the band's bounds (not DPPO's rule, not dual-clip); `--loss cispo
+    --actor.cispo.bounds band`. Its clip metrics count a clipped weight for either sign of A.
 
     DPPO (arXiv 2602.04879; verl's dppo_tv / dppo_kl) is this loss with divergence "tv" or "kl",
     `delta` / `lower_delta` its radii delta_high / delta_low, no cap, no dual-clip, and
@@ -91,29 +98,26 @@ class BandPolicyLoss(nn.Module):
                                           divergence)  # fmt: skip
         if (bounds_fn is not None or band.rule == "dcpo") and (adaptive != "none" or target_entropy is not None):
             raise ValueError("adaptive radii act on the band's delta: they do not apply to bounds_fn rules")
-        if policy_loss_type not in ("band", "ppo"):
-            raise ValueError(f"BandPolicyLoss implements the band (ppo-style) loss, not {policy_loss_type!r}")
+        if policy_loss_type not in ("band", "ppo", "cispo"):
+            raise ValueError(
+                f"BandPolicyLoss implements the band's PPO-style loss (policy_loss_type 'band') and CISPO with the "
+                f"band's bounds ('cispo'), not {policy_loss_type!r}"
+            )
+        if policy_loss_type == "cispo":
+            if dual_clip is not None:
+                raise ValueError("dual_clip does not apply to CISPO: its importance weight is already bounded")
+            if band.rule == "dppo":
+                raise ValueError("CISPO takes the band's trust_region or dcpo bounds; DPPO is an objective of its own")
         if dual_clip is not None and not dual_clip > 1.0:
             raise ValueError(f"dual_clip must be > 1.0, got {dual_clip}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        # the same option checks as OpenRLHF's PolicyLoss, with the same messages
-        if is_correction_level not in {"off", "token", "seq"}:
-            raise ValueError(f"is_correction_level must be off/token/seq, got {is_correction_level}")
-        if is_correction_mode not in {"mask", "clip"}:
-            raise ValueError(f"is_correction_mode must be mask/clip, got {is_correction_mode}")
-        if is_correction_gating not in {"ratio", "binary_kl", "tv"}:
-            raise ValueError(f"is_correction_gating must be ratio/binary_kl/tv, got {is_correction_gating}")
-        if is_correction_mode == "clip" and (is_correction_level == "seq" or is_correction_gating != "ratio"):
-            raise ValueError(
-                "is_correction_mode=clip requires is_correction_level=token and is_correction_gating=ratio"
-            )
-        if is_correction_gating != "ratio" and is_correction_level != "off" and is_correction_threshold[0] > 0:
-            raise ValueError(f"is_correction_gating={is_correction_gating} takes an upper bound only (a single delta)")
+        self.is_correction = ISCorrection(is_correction_level, is_correction_mode, is_correction_gating,
+                                          tuple(is_correction_threshold))  # fmt: skip
         self.clip_eps_low, self.clip_eps_high = clip_eps_low, clip_eps_high
         self.dual_clip = dual_clip
         self.token_level_loss = token_level_loss
-        self.policy_loss_type = "band"
+        self.policy_loss_type = "cispo" if policy_loss_type == "cispo" else "band"
         self.is_correction_level = is_correction_level
         self.is_correction_mode = is_correction_mode
         self.is_correction_gating = is_correction_gating
@@ -195,44 +199,22 @@ class BandPolicyLoss(nn.Module):
             radius = delta
         elif delta is not None:
             band = self._band_at(delta)
-        out = band_token_loss_from_spec(
-            log_probs, old_log_probs, advantages, action_mask, band, radius=radius, dual_clip=self.dual_clip,
-            backend=self.backend, return_bounds=True, bounds=bounds,
-        )  # fmt: skip
+        if self.policy_loss_type == "cispo":
+            out = band_cispo_token_loss(log_probs, old_log_probs, advantages, action_mask, band, radius=radius,
+                                        bounds=bounds)  # fmt: skip
+        else:
+            out = band_token_loss_from_spec(
+                log_probs, old_log_probs, advantages, action_mask, band, radius=radius, dual_clip=self.dual_clip,
+                backend=self.backend, return_bounds=True, bounds=bounds,
+            )  # fmt: skip
         loss = out.loss
 
-        # train/rollout IS correction, exactly as OpenRLHF 0.11.2's PolicyLoss ("ppo" branch)
+        # train/rollout IS correction, as OpenRLHF 0.11.2's PolicyLoss ("ppo" branch)
         vllm_kl = is_filter_ratio = None
-        if self.is_correction_level != "off":
-            low, high = self.is_correction_threshold
-            seq_level = self.is_correction_level == "seq"
-            is_log_ratio = (old_log_probs - rollout_log_probs).detach()
-            token_is = is_log_ratio.exp()
-            if self.is_correction_gating == "ratio":
-                stat = masked_mean(is_log_ratio, action_mask, dim=-1).unsqueeze(-1) if seq_level else is_log_ratio
-                stat = stat.exp()
-            else:
-                p = rollout_log_probs.exp().clamp(1e-6, 1 - 1e-6)
-                q = old_log_probs.exp().clamp(1e-6, 1 - 1e-6)
-                if self.is_correction_gating == "binary_kl":
-                    stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
-                else:
-                    stat = (p - q).abs()
-                if seq_level:
-                    stat = masked_mean(stat, action_mask, dim=-1).unsqueeze(-1)
-            if self.is_correction_mode == "clip":
-                coef = stat.clamp(min=low, max=high)
-                filtered = (stat < low) | (stat > high)
-            else:
-                keep = (stat >= low) & (stat <= high)
-                coef = torch.where(keep, token_is, 0.0)
-                filtered = ~keep
+        if self.is_correction.on:
+            coef, vllm_kl, is_filter_ratio = self.is_correction.coefficients(old_log_probs, rollout_log_probs,
+                                                                             action_mask)  # fmt: skip
             loss = coef * loss
-            if seq_level:
-                is_filter_ratio = filtered.float().mean()
-            else:
-                is_filter_ratio = masked_mean(filtered.float(), action_mask, dim=None)
-            vllm_kl = masked_mean(rollout_log_probs - old_log_probs, action_mask, dim=None)
 
         loss = aggregate_loss(
             loss,

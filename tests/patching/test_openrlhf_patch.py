@@ -84,7 +84,7 @@ def test_patched_files_carry_only_thin_wiring(tree):
         added = [ln for ln in fp.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
         assert 0 < len(added) <= 12, fp.path  # logic lives in openrlhf_band, not in the diffs
     text = (tree / "openrlhf/trainer/ray/ppo_actor.py").read_text()
-    assert "band_hooks.loss_class_and_kwargs" in text and "band_metrics" in text
+    assert "band_hooks.loss_class_and_kwargs" in text and "band_hooks.loss_metrics" in text
 
 
 def test_check_is_a_dry_run(tree):

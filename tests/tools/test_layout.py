@@ -1,6 +1,8 @@
 """The package's folders name its layers, and each imports only from the layers it builds on:
 
     band <- ops <- functional <- integration <- patching
+    objectives                    the policy objectives beside the band (CISPO, SAPO, ...): on band, ops;
+                                  integration wires them into OpenRLHF
     recipe                        stands alone: data, reward and results import nothing of the loss
     bench                         the benchmarks: on band, ops, functional (and recipe, for the reward's)
     tools                         the CLI and its commands, on top of everything
@@ -18,15 +20,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "openrlhf_band"
-BELOW_INTEGRATION = {"band", "ops", "functional"}
+BELOW_INTEGRATION = {"band", "ops", "functional", "objectives"}
 ALLOWED = {
     "band": set(),
     "ops": {"band"},
+    "objectives": {"band", "ops"},
     "functional": {"band", "ops"},
     "integration": BELOW_INTEGRATION,
     "patching": BELOW_INTEGRATION | {"integration"},
     "recipe": set(),
-    "bench": BELOW_INTEGRATION | {"recipe"},
+    "bench": {"band", "ops", "functional", "recipe"},
     "tools": BELOW_INTEGRATION | {"integration", "patching", "recipe", "bench"},
 }
 

@@ -1,0 +1,110 @@
+"""The registered objectives' `train_ppo_ray` flags (`--actor.<objective>.<option>`, named after verl's
+config keys, with verl's defaults), their parse-time checks against the OpenRLHF options each
+objective can take, and what they resolve to. Importing this module does not import OpenRLHF.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from openrlhf_band.objectives import OBJECTIVES, get_objective
+
+#: every value of --actor.policy_loss_type this package adds to OpenRLHF's ppo and gspo
+LOSS_TYPES = ("band", *OBJECTIVES)
+
+
+def _flag(objective: str, option: str) -> str:
+    return f"--actor.{objective}.{option}"
+
+
+def _parser_type(option):
+    def parse(text: str):
+        try:
+            value = option.parse(text)
+            option.validate(value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return value
+
+    parse.__name__ = option.name  # argparse names the type in its message
+    return parse
+
+
+def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per option of each registered objective. Defaults are None here and filled in by
+    `validate_objective_arguments`, so that an option given for another loss is refused, not ignored."""
+    group = parser.add_argument_group("Objectives beside the band (openrlhf-band): --loss " + " | ".join(OBJECTIVES))
+    for objective in OBJECTIVES.values():
+        for option in objective.options:
+            group.add_argument(
+                _flag(objective.name, option.name), type=_parser_type(option), default=None,
+                choices=option.choices, metavar=option.name.upper() if option.choices is None else None,
+                help=f"{objective.name}: {option.help} (default {option.default}; verl: {option.verl_key})",
+            )  # fmt: skip
+
+
+def uses_band_bounds(args) -> bool:
+    """CISPO with the band's bounds: the band's flags apply to it."""
+    return args.actor.policy_loss_type == "cispo" and getattr(args.actor.cispo, "bounds", None) == "band"
+
+
+def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
+    """Fill the selected objective's option defaults; refuse an option of an objective that is not
+    selected, and an OpenRLHF option the objective cannot take (one line, exit status 2)."""
+    loss = args.actor.policy_loss_type
+    for objective in OBJECTIVES.values():
+        namespace = getattr(args.actor, objective.name, None)  # none for an objective without options
+        for option in objective.options:
+            value = getattr(namespace, option.name)
+            if objective.name != loss:
+                if value is not None:
+                    parser.error(f"{_flag(objective.name, option.name)} needs --loss {objective.name}")
+            elif value is None:
+                setattr(namespace, option.name, option.default)
+    if loss not in OBJECTIVES:
+        return
+    objective = get_objective(loss)
+    try:
+        objective.resolve_options(objective_loss_kwargs(args))
+    except ValueError as err:
+        parser.error(f"--loss {loss}: {err}")
+    if args.actor.dual_clip is not None and (not objective.takes_dual_clip or uses_band_bounds(args)):
+        parser.error(f"--actor.dual_clip does not apply to --loss {loss} (it has no PPO-style clipped min)")
+    if args.actor.eps_clip_low_high is not None and not objective.uses_clip_eps:
+        parser.error(f"--actor.eps_clip_low_high does not apply to --loss {loss} (it has no clip interval)")
+    if args.actor.eps_clip_low_high is not None and uses_band_bounds(args) and args.actor.band.rule != "dcpo":
+        parser.error(
+            "--actor.eps_clip_low_high does not apply to --actor.cispo.bounds band (the band's bounds replace "
+            "CISPO's interval): drop it, or use --actor.cispo.bounds fixed"
+        )
+    if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:
+        parser.error(f"--actor.dual_clip must be > 1, got {args.actor.dual_clip}")
+
+
+def objective_loss_kwargs(args) -> dict:
+    """ObjectivePolicyLoss's objective options from the hierarchized training arguments."""
+    objective = get_objective(args.actor.policy_loss_type)
+    return {option.name: getattr(getattr(args.actor, objective.name), option.name) for option in objective.options}
+
+
+def resolved_objective_config(args) -> dict:
+    """What check-args prints for a registered objective: its options (with verl's names), the clip
+    values it reads, and the aggregation it uses."""
+    objective = get_objective(args.actor.policy_loss_type)
+    options = objective_loss_kwargs(args)
+    config = {
+        "name": objective.name,
+        "verl_name": objective.verl_name,
+        "source": objective.source,
+        "options": options,
+        "verl_keys": {option.name: option.verl_key for option in objective.options},
+        "clip_ratio_means": objective.clip_ratio_means,
+    }
+    if objective.uses_clip_eps and not uses_band_bounds(args):
+        eps = args.actor.eps_clip_low_high or (args.actor.eps_clip, args.actor.eps_clip)
+        config["clip_eps_low_high"] = list(eps)
+        if objective.name == "gmpo":
+            config["clip_applies_to"] = "log r, in [-eps_low, eps_high] (GMPO clips in log space)"
+    if objective.sequence_level:
+        config["aggregation"] = "per sequence, averaged over sequences (GMPO's; --actor.loss_agg_mode does not apply)"
+    return config
