@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 
 from openrlhf_band.band.spec import BandSpec
-from openrlhf_band.integration.flags import add_band_arguments, band_loss_kwargs, band_spec, validate_band_arguments
+from openrlhf_band.integration.flags import add_loss_arguments, band_loss_kwargs, band_spec, validate_loss_arguments
+from openrlhf_band.integration.objective_flags import LOSS_TYPES, objective_loss_kwargs, uses_band_bounds
+from openrlhf_band.objectives import OBJECTIVES
 
 #: name -> the train_ppo_ray flags of the method (beside the run's other flags)
 METHOD_FLAGS: dict[str, tuple[str, ...]] = {
@@ -33,6 +35,16 @@ METHOD_FLAGS: dict[str, tuple[str, ...]] = {
     # DPPO with the DPPO authors' radii (delta_low = delta_high) and their truncation c = 1e4 (the default)
     "dppo-tv": ("--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv", "--band_delta", "0.15"),
     "dppo-kl": ("--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "kl", "--band_delta", "0.05"),
+    # the field's objectives (openrlhf_band/objectives), each at its authors' settings (examples/scripts cites them)
+    "cispo": ("--loss", "cispo", "--actor.eps_clip_low_high", "10", "0.2"),
+    "sapo": ("--loss", "sapo", "--actor.sapo.tau_pos", "1.0", "--actor.sapo.tau_neg", "1.05"),
+    "gmpo": ("--loss", "gmpo", "--actor.eps_clip_low_high", "0.4", "0.4"),
+    "clip-cov": ("--loss", "clip_cov", "--actor.eps_clip_low_high", "1", "1",
+                 "--actor.clip_cov.clip_cov_ratio", "0.0002", "--actor.clip_cov.clip_cov_lb", "1",
+                 "--actor.clip_cov.clip_cov_ub", "5"),  # fmt: skip
+    "kl-cov": ("--loss", "kl_cov", "--actor.kl_cov.kl_cov_ratio", "0.002", "--actor.kl_cov.ppo_kl_coef", "1"),
+    # the band as CISPO's bounds: the kl band's [r_low(p), r_up(p)] in place of CISPO's fixed interval
+    "band-kl-cispo": ("--loss", "cispo", "--actor.cispo.bounds", "band", "--band_divergence", "kl"),
 }
 
 
@@ -61,14 +73,20 @@ def resolve_flags(flags: tuple[str, ...] | list[str]) -> argparse.Namespace:
     """The loss flags (OpenRLHF's loss options that the band reads, and the band's own) parsed and
     validated as train_ppo_ray does; ValueError with the flags' own message if refused."""
     parser = _RefusingParser(prog="method", add_help=False)
-    parser.add_argument("--actor.policy_loss_type", "--loss", default="ppo", choices=["ppo", "gspo", "band"])
+    parser.add_argument("--actor.policy_loss_type", "--loss", default="ppo", choices=["ppo", "gspo", *LOSS_TYPES])
+    parser.add_argument("--actor.eps_clip", type=float, default=0.2)
     parser.add_argument("--actor.eps_clip_low_high", type=float, nargs=2, default=None)
     parser.add_argument("--actor.dual_clip", type=float, default=None)
     parser.add_argument("--actor.entropy_coef", type=float, default=None)
-    add_band_arguments(parser)
+    add_loss_arguments(parser)
     args = _nested(parser.parse_args(list(flags)))
-    validate_band_arguments(parser, args)
+    validate_loss_arguments(parser, args)
     return args
+
+
+def _band_driven(args) -> bool:
+    """The band loss, or an objective with the band's bounds (CISPO's)."""
+    return args.actor.policy_loss_type == "band" or uses_band_bounds(args)
 
 
 def method_flags(name: str, *extra: str) -> tuple[str, ...]:
@@ -78,21 +96,36 @@ def method_flags(name: str, *extra: str) -> tuple[str, ...]:
 
 
 def method_spec(name: str, *extra: str) -> BandSpec | None:
-    """The method's BandSpec (validated), or None for OpenRLHF's own clip."""
+    """The method's BandSpec (validated), or None for OpenRLHF's own clip and the objectives' fixed clips."""
     args = resolve_flags(method_flags(name, *extra))
-    return band_spec(args.actor.band) if args.actor.policy_loss_type == "band" else None
+    return band_spec(args.actor.band) if _band_driven(args) else None
 
 
 def method_clip_eps(name: str, *extra: str) -> tuple[float, float] | None:
-    """(eps_low, eps_high) of a clip method (None for a band method)."""
+    """(eps_low, eps_high) of a clip method or of an objective's clip values (None where the band gives the
+    bounds)."""
     args = resolve_flags(method_flags(name, *extra))
-    if args.actor.policy_loss_type == "band":
+    if _band_driven(args):
         return None
     eps = args.actor.eps_clip_low_high
-    return (0.2, 0.2) if eps is None else (eps[0], eps[1])  # OpenRLHF's default --actor.eps_clip 0.2
+    return (args.actor.eps_clip,) * 2 if eps is None else (eps[0], eps[1])  # OpenRLHF fills it from --actor.eps_clip
 
 
 def method_loss_kwargs(name: str, *extra: str) -> dict | None:
     """BandPolicyLoss's band arguments for the method (`flags.band_loss_kwargs`), None for the clip."""
     args = resolve_flags(method_flags(name, *extra))
-    return band_loss_kwargs(args) if args.actor.policy_loss_type == "band" else None
+    return band_loss_kwargs(args) if _band_driven(args) else None
+
+
+def method_loss_type(name: str, *extra: str) -> str:
+    """The method's --actor.policy_loss_type (ppo for OpenRLHF's clip)."""
+    return resolve_flags(method_flags(name, *extra)).actor.policy_loss_type
+
+
+def method_objective_options(name: str, *extra: str) -> dict | None:
+    """A registered objective's options for the method (`make_policy_loss`'s keywords beside the clip
+    eps), None for the clip and the band."""
+    args = resolve_flags(method_flags(name, *extra))
+    if args.actor.policy_loss_type not in OBJECTIVES or uses_band_bounds(args):
+        return None
+    return objective_loss_kwargs(args)

@@ -120,18 +120,24 @@ class ObjectivePolicyLoss(nn.Module):
                 coef = torch.exp((torch.log(coef + 1e-10) * weights).sum(-1) / (weights.sum(-1) + 1e-8))
             loss = coef * loss
 
-        if self.objective.sequence_level:  # (B,) -> (B, 1), its mask: the sequence has a token
-            loss, mask = loss.unsqueeze(-1), live.any(dim=-1, keepdim=True).to(loss.dtype)
+        if self.objective.sequence_level:
+            # OpenRLHF's per-sample aggregation of per-sequence losses: a sum over the sequences that have a
+            # token, over the global sample count (else their number), times dp_size (its aggregate_loss would
+            # first divide each by its count 1 + 1e-8)
+            has_tokens = live.any(dim=-1).to(loss.dtype)
+            total = (loss * has_tokens).sum()
+            loss = total / has_tokens.sum().clamp(min=1) if global_batch_size is None else (
+                total / global_batch_size * dp_size
+            )
         else:
-            loss, mask = torch.where(live, loss, zero), action_mask
-        loss = aggregate_loss(
-            loss,
-            mask,
-            token_level_loss=self.token_level_loss,
-            dp_size=dp_size,
-            batch_num_tokens=batch_num_tokens,
-            global_batch_size=global_batch_size,
-        )
+            loss = aggregate_loss(
+                torch.where(live, loss, zero),
+                action_mask,
+                token_level_loss=self.token_level_loss,
+                dp_size=dp_size,
+                batch_num_tokens=batch_num_tokens,
+                global_batch_size=global_batch_size,
+            )
         clip_ratio = masked_mean(out.clipped.float(), action_mask, dim=None)
         ppo_kl = masked_mean(-(new - old).detach(), action_mask, dim=None)
         self.loss_metrics = _token_shares(self.objective.name, out.metrics, live)

@@ -226,7 +226,10 @@ class BandPolicyLoss(nn.Module):
         )
         clipped = out.clipped_upper | out.clipped_lower
         clip_ratio = masked_mean(clipped.float(), action_mask, dim=None)
-        ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
+        log_ratio = (log_probs - old_log_probs).detach()
+        if action_mask is not None:  # masked positions may hold anything: nothing of them reaches the mean
+            log_ratio = torch.where(action_mask != 0, log_ratio, 0.0)
+        ppo_kl = masked_mean(-log_ratio, action_mask, dim=None)
         self.last_bounds = (out.lower, out.upper)  # per token, for callers' own clip statistics
         truncated = None
         if band.ratio_truncation is not None:  # unclipped tokens whose weight min(r, c) is c (verl's pg_clipfrac_lower)

@@ -59,7 +59,7 @@ def cispo_token_loss(
         ObjectiveOption(
             "bounds",
             "fixed",
-            "(ours; verl's cispo clips at 1 - clip_ratio_low, 1 + clip_ratio_high)",
+            "none: ours (verl's cispo clips to [1 - clip_ratio_low, 1 + clip_ratio_high])",
             "the interval the importance weight is clipped to: fixed, [1 - EPS_LOW, 1 + EPS_HIGH] from "
             "--actor.eps_clip_low_high (verl's clip_ratio_low / clip_ratio_high); band, the band's per-token "
             "[r_low(p), r_up(p)] from the --actor.band.* flags (--band_divergence, --band_delta, the cap, the "
@@ -152,7 +152,7 @@ def gmpo(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps_h
     sign = torch.sign(advantages)
     clamped = log_ratio.clamp(-clip_eps_low, clip_eps_high)
     kept = sign * torch.minimum(sign * log_ratio, sign * clamped)
-    tokens = mask.sum(dim=-1)
+    tokens = mask.to(log_ratio.dtype).sum(dim=-1)  # a float count, as verl's float mask gives
     seq_ratio = torch.exp((kept * mask).sum(dim=-1) / (tokens + 1e-8))
     seq_advantage = (advantages * mask).sum(dim=-1) / (tokens + 1e-8)
     loss = -seq_advantage * seq_ratio

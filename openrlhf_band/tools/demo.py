@@ -48,7 +48,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from openrlhf_band.integration.methods import METHOD_FLAGS, method_clip_eps, method_loss_kwargs, method_spec
+from openrlhf_band.integration.methods import (
+    METHOD_FLAGS,
+    method_clip_eps,
+    method_loss_kwargs,
+    method_loss_type,
+    method_objective_options,
+    method_spec,
+)
 
 
 # Each method is a way to get (lower, upper) ratio bounds from the old log-probs, named as in
@@ -62,10 +69,16 @@ from openrlhf_band.integration.methods import METHOD_FLAGS, method_clip_eps, met
 # r_low (delta 0.05) exceeds 0.8 for p > 0.751 (0.867 at p = 0.9), where the floor leaves it alone.
 def _facets(name: str) -> dict:
     """What the demo reads of a registered method, from what its flags resolve to (resolved once)."""
+    loss_type = method_loss_type(name)
     loss_kwargs = method_loss_kwargs(name)
     if loss_kwargs is None:
-        return {"kind": "clip", "eps": method_clip_eps(name)}
+        if loss_type == "ppo":
+            return {"kind": "clip", "eps": method_clip_eps(name)}
+        return {"kind": "objective", "objective": loss_type, "eps": method_clip_eps(name),
+                "options": method_objective_options(name)}  # fmt: skip
     spec = loss_kwargs["band"]
+    if loss_type == "cispo":  # CISPO with the band's bounds
+        return {"kind": "band-cispo", "divergence": spec.divergence}
     if spec.rule == "dcpo":
         return {"kind": "dcpo", "eps": spec.dcpo_eps}
     if spec.rule == "dppo":
@@ -248,8 +261,10 @@ def _demo_flags(method: str, cfg: DemoConfig) -> tuple[str, ...]:
     """The demo's settings after a method's flags: the torch backend (CPU), and DemoConfig's radius
     and cap for the band rules (DPPO keeps its radii and has no cap; DCPO takes the cap)."""
     kind = METHODS[method]["kind"]
+    if kind == "objective":
+        return ()
     flags = ("--actor.band.backend", "torch")
-    if kind == "band":
+    if kind in ("band", "band-cispo"):
         flags += ("--band_delta", repr(cfg.delta), "--actor.band.upper_cap", repr(cfg.upper_cap))
     elif kind == "dcpo":
         flags += ("--actor.band.upper_cap", repr(cfg.upper_cap))
@@ -265,8 +280,15 @@ def method_bounds(method: str, cfg: DemoConfig):
     if kind == "clip":
         eps_low, eps_high = facets["eps"]
         return lambda old: (torch.full_like(old, 1 - eps_low), torch.full_like(old, 1 + eps_high))
-    if kind in ("band", "dppo", "dcpo"):  # (for the entropy rule the loss reports the per-token bounds it used)
+    if kind in ("band", "dppo", "dcpo", "band-cispo"):  # (the loss reports the per-token bounds it used)
         return functools.partial(spec_bounds, method_spec(method, *_demo_flags(method, cfg)))
+    if kind == "objective":  # an objective's clip interval on the ratio, where it has one
+        objective, (eps_low, eps_high) = facets["objective"], facets["eps"]
+        if objective in ("cispo", "clip_cov"):
+            return lambda old: (torch.full_like(old, 1 - eps_low), torch.full_like(old, 1 + eps_high))
+        if objective == "gmpo":  # GMPO clips log r to [-eps_low, eps_high]
+            return lambda old: (torch.full_like(old, math.exp(-eps_low)), torch.full_like(old, math.exp(eps_high)))
+        return None  # SAPO's gate and KL-Cov's penalty: no interval to count clips against
     if kind == "band-upper-clip-lower":
 
         def bounds(old):
@@ -282,6 +304,7 @@ def make_loss(method: str, cfg: DemoConfig):
     method's flags as train_ppo_ray resolves them (the ablation: its bounds as bounds_fn)."""
     from openrlhf.models.loss import PolicyLoss
 
+    from openrlhf_band.integration.objective_loss import make_policy_loss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
 
     facets = METHODS[method]
@@ -290,6 +313,13 @@ def make_loss(method: str, cfg: DemoConfig):
         return PolicyLoss(*facets["eps"], **common)
     if facets["kind"] == "band-upper-clip-lower":
         return BandPolicyLoss(backend="torch", bounds_fn=method_bounds(method, cfg), **common)
+    if facets["kind"] == "objective":
+        eps_low, eps_high = facets["eps"]
+        return make_policy_loss(facets["objective"], clip_eps_low=eps_low, clip_eps_high=eps_high, **facets["options"],
+                                **common)  # fmt: skip
+    if facets["kind"] == "band-cispo":
+        return BandPolicyLoss(policy_loss_type="cispo", **method_loss_kwargs(method, *_demo_flags(method, cfg)),
+                              **common)  # fmt: skip
     return BandPolicyLoss(**method_loss_kwargs(method, *_demo_flags(method, cfg)), **common)
 
 
@@ -369,7 +399,7 @@ def train_method(method: str, seed: int, warm_state: dict, cfg: DemoConfig) -> l
             actor.eval()
             old = actor(sequences, action_mask, attention_mask=attention_mask)
             ref = reference(sequences, action_mask, attention_mask=attention_mask)
-            lower, upper = bounds_of(old)
+            lower, upper = bounds_of(old) if bounds_of is not None else (None, None)
         actor.train()
         for _epoch in range(cfg.epochs):
             for idx in torch.randperm(n * g, generator=gen).chunk(cfg.minibatches):
@@ -386,8 +416,11 @@ def train_method(method: str, seed: int, warm_state: dict, cfg: DemoConfig) -> l
                 optim.step()
                 if needs_entropy:
                     loss_fn.after_optimizer_step()  # as the patch's band_after_step
-                used = getattr(loss_fn, "last_bounds", None) or (lower[idx], upper[idx])
-                stats.add(old[idx], log_probs.detach(), adv[idx].expand_as(log_probs), action_mask[idx], *used)
+                used = getattr(loss_fn, "last_bounds", None)
+                if used is None and bounds_of is not None:
+                    used = (lower[idx], upper[idx])
+                if used is not None:
+                    stats.add(old[idx], log_probs.detach(), adv[idx].expand_as(log_probs), action_mask[idx], *used)
                 clip_fracs.append(clip_ratio.item())
                 metrics = getattr(loss_fn, "band_metrics", {})
                 for name, key in (("floor_frac", "band/clip_frac_floor"), ("truncated_frac", "band/truncated_frac")):

@@ -39,7 +39,27 @@ EXPECTED = {
     "dppo_kl.sh": ("band", None, {"rule": "dppo", "divergence": "kl", "delta_low_high": [0.05, 0.05],
                                   "dppo_truncation": 10000.0, "gradient_weight": "min(r, dppo_truncation)",
                                   "upper_cap": None, "backend": "auto"}),
+    # the field's objectives at their authors' settings (each script cites its source)
+    "cispo.sh": ("cispo", None, None),
+    "bandpo_kl_cispo.sh": ("cispo", None, {"rule": "trust_region", "divergence": "kl", "delta": 0.05,
+                                           "upper_cap": 10.0, "lower_floor": None}),
+    "sapo.sh": ("sapo", None, None),
+    "gmpo.sh": ("gmpo", None, None),
+    "clip_cov.sh": ("clip_cov", None, None),
+    "kl_cov.sh": ("kl_cov", None, None),
+    "gspo.sh": ("gspo", None, None),
 }  # fmt: skip
+# the objective's resolved options and clip values (check-args' "objective" block)
+OBJECTIVE = {
+    "cispo.sh": ({"bounds": "fixed"}, [10.0, 0.2]),
+    "bandpo_kl_cispo.sh": ({"bounds": "band"}, None),
+    "sapo.sh": ({"tau_pos": 1.0, "tau_neg": 1.05}, None),
+    "gmpo.sh": ({}, [0.4, 0.4]),
+    "clip_cov.sh": ({"clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}, [1.0, 1.0]),
+    "kl_cov.sh": ({"kl_cov_ratio": 0.002, "ppo_kl_coef": 1.0}, None),
+}
+# the scripts whose authors aggregate by token mean (the rest keep the recipe's seq-mean-token-mean)
+TOKEN_MEAN = {"cispo.sh", "bandpo_kl_cispo.sh", "clip_cov.sh", "kl_cov.sh"}
 
 
 def dry_run(script: str, tmp_path: Path, **extra_env: str) -> dict:
@@ -70,7 +90,7 @@ def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
     # the paper's shared settings
     assert config["advantage_estimator"] == "group_norm"
     assert config["fused_logprobs"] is True  # --ds.fused_logprobs, from common.sh
-    assert config["loss_agg_mode"] == "seq-mean-token-mean"
+    assert config["loss_agg_mode"] == ("token-mean" if script in TOKEN_MEAN else "seq-mean-token-mean")
     assert config["kl_loss"] == {"use_loss": True, "estimator": "k3", "init_coef": 0.001}
     assert config["entropy_coef"] == 0.0
     assert config["dual_clip"] == dual_clip
@@ -87,8 +107,16 @@ def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
         assert config["band"]["mask"].startswith(f"no gradient where binary {band['divergence']} > delta_low")
     if script == "clip_higher.sh":
         assert config["eps_clip_low_high"] == [0.2, 0.28]
-    if band is not None:  # the band ignores the clip eps, so they are not shown
+    if script == "gspo.sh":
+        assert config["eps_clip_low_high"] == [0.0003, 0.0004]
+    if band is not None or script in OBJECTIVE:  # the band ignores the clip eps; an objective shows its own
         assert "eps_clip_low_high" not in config
+    if script in OBJECTIVE:
+        options, eps = OBJECTIVE[script]
+        assert config["objective"]["name"] == loss and config["objective"]["options"] == options
+        assert config["objective"].get("clip_eps_low_high") == eps
+    else:
+        assert "objective" not in config
     # no flash-attn in this environment: SDPA without packing (common.sh's detection)
     assert config["attention"] == {"implementation": "sdpa", "packing_samples": False}
 
