@@ -138,7 +138,7 @@ def sapo(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps_h
     sequence_level=True,
     uses_clip_eps=True,
     takes_dual_clip=False,
-    clip_ratio_means="share of tokens whose log-ratio the clip moved (either sign of A)",
+    clip_ratio_means="share of tokens with A != 0 whose log-ratio the clip moved (clip_frac_upper + clip_frac_lower)",
     metric_docs={
         "clip_frac_upper": "share of tokens with A > 0 whose log r is outside [-eps_low, eps_high] (verl's "
         "actor/pg_clipfrac)",
@@ -158,9 +158,8 @@ def gmpo(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps_h
     loss = -seq_advantage * seq_ratio
     with torch.no_grad():
         moved = log_ratio.detach() != clamped.detach()
-    return ObjectiveLoss(
-        loss, moved, {"clip_frac_upper": moved & (advantages > 0), "clip_frac_lower": moved & (advantages < 0)}
-    )
+        upper, lower = moved & (advantages > 0), moved & (advantages < 0)
+    return ObjectiveLoss(loss, upper | lower, {"clip_frac_upper": upper, "clip_frac_lower": lower})
 
 
 def _ppo_clip_losses(ratio: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float):

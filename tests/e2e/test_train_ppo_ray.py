@@ -137,9 +137,10 @@ def dcpo_resumed(e2e_root, dcpo_saved) -> Run:
 
 @pytest.fixture(scope="session")
 def unsynced_run(e2e_root) -> Run:
-    """Negative control: vLLM receives every weight but does not load it."""
+    """Negative control: vLLM receives every weight but does not load it. It trains with SAPO, whose
+    metrics test_objectives_train_through_the_real_engine reads (the loss does not matter to the sync)."""
     return trained(
-        e2e_root / "unsynced", "--loss", "band", "--band_divergence", "chi2", "--data.max_samples", "8",
+        e2e_root / "unsynced", "--loss", "sapo", "--actor.sapo.tau_neg", "1.2", "--data.max_samples", "8",
         env={"E2E_SYNC_NEGATIVE_CONTROL": "1"},
     )  # fmt: skip
 
@@ -379,8 +380,10 @@ def test_controller_runs_every_step_and_resumes_from_its_saved_radius(controller
 # --- the lower floor and DPPO ------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def floor_run(e2e_root) -> Run:
-    """The kl band with the lower floor, spelled as the README's example."""
-    return trained(e2e_root / "floor", "--loss", "band", "--actor.band.lower_floor", "0.8")
+    """The kl band with the lower floor as CISPO's bounds (the band driving another objective; the
+    floor's flag as the README spells it)."""
+    return trained(e2e_root / "floor", "--loss", "cispo", "--actor.cispo.bounds", "band",
+                   "--actor.band.lower_floor", "0.8")  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -396,6 +399,7 @@ def dppo_run(e2e_root) -> Run:
 def test_the_floor_holds_every_lower_bound_and_binds(floor_run):
     band = resolved_band(floor_run)
     assert "lower_floor=0.8" in band and "rule='trust_region'" in band
+    assert "policy_loss_type='cispo'" in floor_run.log and "bounds='band'" in floor_run.log
     series = check_band_metrics(floor_run, list(range(1, STEPS + 1)))
     # every token's lower bound is >= 0.8, so is their mean at every step
     assert all(v >= 0.8 * (1 - 1e-6) for v in series["train/band/lower_mean"].values()), series["train/band/lower_mean"]
@@ -418,6 +422,62 @@ def test_dppo_tv_trains_through_the_real_engine(dppo_run):
     for step, ratio in scalars["train/ppo_clip_ratio"].items():  # DPPO's masked share, both sides
         upper, lower = series["train/band/clip_frac_upper"][step], series["train/band/clip_frac_lower"][step]
         assert ratio == pytest.approx(upper + lower, rel=1e-6, abs=1e-9), step
+
+
+# --- the field's objectives (openrlhf_band/objectives) ----------------------------------------------------
+# One step each (4 prompts), each with an OpenRLHF option it takes; SAPO trains in the unsynced run, CISPO
+# with the band's bounds in the floor run. Options that make the selection rules act on a 4-prompt batch:
+# Clip-Cov with every unclipped token eligible and a 10% share, KL-Cov with a 10% share.
+OBJECTIVE_RUNS = {
+    "cispo": ("--actor.eps_clip_low_high", "10", "0.2", "--actor.loss_agg_mode", "token-mean"),
+    "gmpo": ("--actor.eps_clip_low_high", "0.4", "0.4", "--algo.advantage.is_correction_level", "token",
+             "--algo.advantage.is_correction_mode", "mask"),
+    "clip_cov": ("--actor.dual_clip", "3", "--actor.loss_agg_mode", "seq-mean-token-mean",
+                 "--actor.clip_cov.clip_cov_ratio", "0.1", "--actor.clip_cov.clip_cov_lb", "-1e6",
+                 "--actor.clip_cov.clip_cov_ub", "1e6"),
+    "kl_cov": ("--actor.kl_cov.kl_cov_ratio", "0.1", "--actor.kl_cov.ppo_kl_coef", "1"),
+}  # fmt: skip
+# what OpenRLHF's ppo_clip_ratio holds for each objective (the entry's clip_ratio_means), as metrics
+CLIP_RATIO_IS = {
+    "cispo": ("cispo/clip_frac",),
+    "sapo": ("sapo/gated_frac",),
+    "gmpo": ("gmpo/clip_frac_upper", "gmpo/clip_frac_lower"),
+    "clip_cov": ("clip_cov/clip_frac",),
+    "kl_cov": ("kl_cov/selected_frac",),
+}
+
+
+@pytest.fixture(scope="session")
+def objective_runs(e2e_root) -> dict[str, Run]:
+    return {name: trained(e2e_root / name, "--loss", name, "--data.max_samples", "4", *flags)
+            for name, flags in OBJECTIVE_RUNS.items()}  # fmt: skip
+
+
+def test_objectives_train_through_the_real_engine(objective_runs, unsynced_run):
+    from openrlhf_band.objectives import get_objective
+
+    runs = {**objective_runs, "sapo": unsynced_run}
+    for name, run in runs.items():
+        assert f"policy_loss_type='{name}'" in run.log, name
+        steps = [1, 2] if name == "sapo" else [1]
+        scalars = run.scalars()
+        assert sorted(scalars["train/policy_loss"]) == steps, (name, scalars["train/policy_loss"])
+        assert all(math.isfinite(v) for v in scalars["train/policy_loss"].values()), name
+        ours = {tag.removeprefix("train/"): s for tag, s in scalars.items() if tag.startswith(f"train/{name}/")}
+        assert set(ours) == {f"{name}/{m}" for m in get_objective(name).metric_docs}, (name, sorted(ours))
+        assert not any(tag.startswith("train/band/") for tag in scalars), name
+        for tag, series in ours.items():
+            assert sorted(series) == steps and all(math.isfinite(v) for v in series.values()), (tag, series)
+            if not tag.endswith(("gate_weight_mean", "abs_kl")):
+                assert all(0.0 <= v <= 1.0 for v in series.values()), (tag, series)
+        for step, ratio in scalars["train/ppo_clip_ratio"].items():
+            assert ratio == pytest.approx(sum(ours[m][step] for m in CLIP_RATIO_IS[name]), rel=1e-5, abs=1e-7)
+    # the selection rules acted: Clip-Cov took tokens out, KL-Cov penalised some
+    assert objective_runs["clip_cov"].scalars()["train/clip_cov/selected_frac"][1] > 0.0
+    assert objective_runs["kl_cov"].scalars()["train/kl_cov/selected_frac"][1] > 0.0
+    assert "dual_clip=3.0" in objective_runs["clip_cov"].log
+    assert "train/vllm_kl" in objective_runs["gmpo"].scalars()  # the IS correction ran (GMPO: per sequence)
+    assert run_processes("E2E_RUN_ID=e2e-") == []
 
 
 # --- --ds.fused_logprobs (in the DPPO run above) ------------------------------------------------------
