@@ -122,7 +122,8 @@ def test_clip_stats_count_each_bin_and_side_under_the_given_bounds():
 
 
 NEW_METHODS = ("band-kl-floor", "band-kl-floor-0.5", "band-kl-floor-0.7", "band-kl-floor-0.9",
-               "band-kl-entropy-floor", "dppo-tv", "dppo-kl")  # fmt: skip
+               "band-kl-entropy-floor", "dppo-tv", "dppo-kl",
+               "cispo", "sapo", "gmpo", "clip-cov", "kl-cov", "band-kl-cispo")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
