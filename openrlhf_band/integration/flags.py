@@ -189,6 +189,11 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
                 "or the band's bounds in CISPO: --loss cispo --actor.cispo.bounds band"
             )
         return
+    if uses_band_bounds(args) and band.backend == "triton":
+        parser.error(
+            "--actor.band.backend triton does not apply to --actor.cispo.bounds band (the fused kernel is the band's "
+            "PPO loss; CISPO's runs in torch)"
+        )
     if uses_band_bounds(args) and band.rule == "dppo":
         parser.error(
             "--actor.band.rule dppo does not apply to --actor.cispo.bounds band (DPPO is an objective of its own): "

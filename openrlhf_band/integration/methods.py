@@ -78,6 +78,8 @@ def resolve_flags(flags: tuple[str, ...] | list[str]) -> argparse.Namespace:
     parser.add_argument("--actor.eps_clip_low_high", type=float, nargs=2, default=None)
     parser.add_argument("--actor.dual_clip", type=float, default=None)
     parser.add_argument("--actor.entropy_coef", type=float, default=None)
+    parser.add_argument("--algo.advantage.is_correction_level", default="off", choices=["off", "token", "seq"])
+    parser.add_argument("--algo.advantage.is_correction_mode", default="mask", choices=["mask", "clip"])
     add_loss_arguments(parser)
     args = _nested(parser.parse_args(list(flags)))
     validate_loss_arguments(parser, args)

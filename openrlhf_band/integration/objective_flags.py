@@ -6,9 +6,11 @@ objective can take, and what they resolve to. Importing this module does not imp
 from __future__ import annotations
 
 import argparse
+import math
 
 from openrlhf_band.objectives import OBJECTIVES, get_objective
 
+OPENRLHF_EPS_CLIP = 0.2  # --actor.eps_clip's default in OpenRLHF 0.11.2: another value was given on purpose
 #: every value of --actor.policy_loss_type this package adds to OpenRLHF's ppo and gspo
 LOSS_TYPES = ("band", *OBJECTIVES)
 
@@ -79,6 +81,18 @@ def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
         )
     if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:
         parser.error(f"--actor.dual_clip must be > 1, got {args.actor.dual_clip}")
+    clip_values = args.actor.eps_clip_low_high or (args.actor.eps_clip, args.actor.eps_clip)
+    if objective.uses_clip_eps and not uses_band_bounds(args):
+        if not all(math.isfinite(eps) and eps >= 0.0 for eps in clip_values):
+            parser.error(f"--loss {loss} takes clip values >= 0 (--actor.eps_clip_low_high), got {list(clip_values)}")
+    elif args.actor.eps_clip != OPENRLHF_EPS_CLIP and not (uses_band_bounds(args) and args.actor.band.rule == "dcpo"):
+        parser.error(f"--actor.eps_clip does not apply to --loss {loss} (it has no clip interval of its own)")
+    advantage = args.algo.advantage
+    if objective.sequence_level and advantage.is_correction_level == "token" and advantage.is_correction_mode == "mask":
+        parser.error(
+            f"--loss {loss} takes --algo.advantage.is_correction_mode clip or --algo.advantage.is_correction_level "
+            "seq: token-level mask mode's zero weights have no per-sequence geometric mean"
+        )
 
 
 def objective_loss_kwargs(args) -> dict:

@@ -10,9 +10,11 @@ Conventions against verl 0.9.1's functions (the tests hold each mapping):
   seq-mean-token-mean); GMPO (verl's geo_mean) is per sequence, averaged over a micro-batch's
   sequences in verl, here over the step's sequences (OpenRLHF's global sample count, as its gspo),
   which is verl's mean when no sequence is fully masked and the micro-batch is the step.
-- IS correction: OpenRLHF's coefficient per token (--algo.advantage.is_correction_*) is verl's
-  rollout_is_weights: it multiplies each token's loss (GMPO: its per-sequence geometric mean, as
-  verl's geo_mean).
+- IS correction: OpenRLHF's coefficient per token (--algo.advantage.is_correction_*) multiplies each
+  token's loss, as verl's rollout_is_weights (GMPO: their per-sequence geometric mean, as verl's
+  geo_mean; GMPO refuses token-level mask mode, whose zero weights have no such mean). In mask mode
+  a filtered token keeps its place in the counts and in Clip-Cov's / KL-Cov's covariance, as in
+  OpenRLHF's PolicyLoss (verl's rejection removes it from the mask).
 - metrics: OpenRLHF's ppo_clip_ratio holds the objective's clip / gate / selection share (the
   entry's clip_ratio_means), ppo_kl OpenRLHF's signed mean; `<objective>/<name>` the entry's metrics.
 """
@@ -25,6 +27,14 @@ from torch import Tensor, nn
 from openrlhf_band.integration.is_correction import ISCorrection
 from openrlhf_band.objectives.registry import get_objective
 from openrlhf_band.ops.token_loss import broadcast_advantages
+
+#: why a sequence-level objective refuses the token-level mask mode of the IS correction
+GMPO_MASK_REFUSAL = (
+    "a sequence-level objective (GMPO) takes the IS correction per token in clip mode (is_correction_mode clip) or "
+    "per sequence (is_correction_level seq): token-level mask mode zeroes a filtered token's weight, and the "
+    "per-sequence geometric mean of the weights would then scale its whole sequence by 1e-10^(1/n) (verl drops a "
+    "rejected token from the mask instead)"
+)
 
 
 class ObjectivePolicyLoss(nn.Module):
@@ -75,6 +85,8 @@ class ObjectivePolicyLoss(nn.Module):
         self.token_level_loss = token_level_loss and not objective.sequence_level
         self.is_correction = ISCorrection(is_correction_level, is_correction_mode, is_correction_gating,
                                           tuple(is_correction_threshold))  # fmt: skip
+        if objective.sequence_level and is_correction_level == "token" and is_correction_mode == "mask":
+            raise ValueError(GMPO_MASK_REFUSAL)
         self.loss_metrics: dict[str, Tensor] = {}
 
     def forward(

@@ -36,7 +36,8 @@ def _log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """verl's and OpenRLHF's masked_mean over all elements: sum(values * mask) / sum(mask)."""
+    """OpenRLHF's masked_mean over all elements, sum(values * mask) / sum(mask) (verl's adds 1e-8 to the
+    count: nothing in float32, ~1e-13 relative in float64)."""
     return (values * mask).sum() / mask.sum()
 
 
@@ -204,7 +205,8 @@ def _ppo_clip_losses(ratio: Tensor, advantages: Tensor, clip_eps_low: float, cli
     clip_ratio_means="share of tokens clipped by the PPO clip (OpenRLHF's ppo definition)",
     metric_docs={
         "selected_frac": "share of tokens chosen by covariance and detached (verl's actor/pg_clipfrac)",
-        "eligible_frac": "share whose covariance lies in (clip_cov_lb, clip_cov_ub) and that the clip left alone",
+        "eligible_frac": "share whose covariance lies in (clip_cov_lb, clip_cov_ub) and that the clip (and a dual "
+        "clip) left alone",
         "clip_frac": "share clipped by the PPO clip (the ratio outside [1 - eps_low, 1 + eps_high], the clipped "
         "branch active)",
     },
@@ -224,9 +226,11 @@ def clip_cov(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_e
         detached = log_probs.detach()
         cov = (advantages - _masked_mean(advantages, weights)) * (detached - _masked_mean(detached, weights))
         eligible = (cov > clip_cov_lb) & (cov < clip_cov_ub) & mask & ~clipped
+        if dual_clip is not None:  # a token the dual clip holds at -c A has no gradient already: not a candidate
+            eligible &= ~((advantages < 0) & (-dual_clip * advantages < torch.maximum(unclipped, clipped_loss)))
         count = max(int(clip_cov_ratio * weights.sum().item()), 1)
         candidates = torch.nonzero(eligible)
-        selected = torch.zeros_like(mask)
+        selected = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
         if len(candidates) > 0:
             chosen = candidates[torch.randperm(len(candidates))[: min(count, len(candidates))]]
             selected[chosen[:, 0], chosen[:, 1]] = True
@@ -274,7 +278,7 @@ def kl_cov(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps
     share of the tokens by centred covariance (A - mean A)(log pi - mean log pi) (at least one)."""
     log_ratio = _log_ratio(log_probs, old_log_probs)
     loss = -advantages * log_ratio.exp()
-    selected = torch.zeros_like(mask)
+    selected = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)  # contiguous: written through view
     valid = torch.nonzero(mask.reshape(-1), as_tuple=True)[0]
     if len(valid) > 0:
         with torch.no_grad():
@@ -283,6 +287,6 @@ def kl_cov(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps
             valid_log_probs = log_probs[mask].detach().reshape(-1).cpu()
             cov = (valid_advantages - valid_advantages.mean()) * (valid_log_probs - valid_log_probs.mean())
             top = torch.topk(cov, max(1, int(len(cov) * kl_cov_ratio)), largest=True).indices
-            selected.reshape(-1)[valid[top.to(valid.device)]] = True
+            selected.view(-1)[valid[top.to(valid.device)]] = True
     loss = torch.where(selected, loss + ppo_kl_coef * log_ratio.abs(), loss)
     return ObjectiveLoss(loss, selected, {"selected_frac": selected, "abs_kl": log_ratio.detach().abs()})

@@ -431,10 +431,10 @@ def test_dppo_tv_trains_through_the_real_engine(dppo_run):
 OBJECTIVE_RUNS = {
     "cispo": ("--actor.eps_clip_low_high", "10", "0.2", "--actor.loss_agg_mode", "token-mean"),
     "gmpo": ("--actor.eps_clip_low_high", "0.4", "0.4", "--algo.advantage.is_correction_level", "token",
-             "--algo.advantage.is_correction_mode", "mask"),
+             "--algo.advantage.is_correction_mode", "clip"),
     "clip_cov": ("--actor.dual_clip", "3", "--actor.loss_agg_mode", "seq-mean-token-mean",
-                 "--actor.clip_cov.clip_cov_ratio", "0.1", "--actor.clip_cov.clip_cov_lb", "-1e6",
-                 "--actor.clip_cov.clip_cov_ub", "1e6"),
+                 "--actor.clip_cov.clip_cov_ratio", "0.1", "--actor.clip_cov.clip_cov_lb=-1e6",
+                 "--actor.clip_cov.clip_cov_ub", "1e6"),  # (argparse reads a bare -1e6 as a flag)
     "kl_cov": ("--actor.kl_cov.kl_cov_ratio", "0.1", "--actor.kl_cov.ppo_kl_coef", "1"),
 }  # fmt: skip
 # what OpenRLHF's ppo_clip_ratio holds for each objective (the entry's clip_ratio_means), as metrics

@@ -11,8 +11,12 @@ from openrlhf_band.integration.methods import (
     METHOD_FLAGS,
     method_clip_eps,
     method_loss_kwargs,
+    method_loss_type,
+    method_objective_options,
     method_spec,
 )
+from openrlhf_band.integration.objective_flags import objective_loss_kwargs, uses_band_bounds
+from openrlhf_band.objectives import OBJECTIVES
 from openrlhf_band.patching.check_args import validate_train_args
 
 BASE = [
@@ -25,10 +29,16 @@ EXTRA = {"": (), "radius and cap": ("--band_delta", "0.07", "--actor.band.upper_
 @pytest.mark.parametrize("name", list(METHOD_FLAGS))
 def test_each_method_is_what_train_ppo_ray_makes_of_its_flags(name):
     args = validate_train_args([*BASE, *METHOD_FLAGS[name]])  # OpenRLHF's own parser and checks
-    if args.actor.policy_loss_type != "band":
+    assert method_loss_type(name) == args.actor.policy_loss_type
+    if args.actor.policy_loss_type != "band" and not uses_band_bounds(args):
         assert method_spec(name) is None and method_loss_kwargs(name) is None
         assert method_clip_eps(name) == tuple(args.actor.eps_clip_low_high)
+        if args.actor.policy_loss_type in OBJECTIVES:
+            assert method_objective_options(name) == objective_loss_kwargs(args)
+        else:
+            assert method_objective_options(name) is None
         return
+    assert method_objective_options(name) is None  # the band's bounds: its options are the spec's
     assert method_spec(name) == band_spec(args.actor.band)
     assert method_loss_kwargs(name) == band_loss_kwargs(args)
     assert method_clip_eps(name) is None

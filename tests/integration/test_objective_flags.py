@@ -44,7 +44,11 @@ def build(*extra: str):
         dual_clip=args.actor.dual_clip,
         token_level_loss=args.actor.loss_agg_mode == "token-mean",
         policy_loss_type=args.actor.policy_loss_type,
-    )
+        is_correction_level=args.algo.advantage.is_correction_level,
+        is_correction_mode=args.algo.advantage.is_correction_mode,
+        is_correction_gating=args.algo.advantage.is_correction_gating,
+        is_correction_threshold=args.algo.advantage.is_correction_threshold,
+    )  # as the patched ActorPPOTrainer builds it (openrlhf/trainer/ray/ppo_actor.py)
     return args, module
 
 
@@ -112,6 +116,15 @@ def test_cispo_with_the_band_builds_band_policy_loss_with_every_band_option():
         (["--loss", "cispo", "--actor.cispo.bounds", "band", "--actor.eps_clip_low_high", "0.2", "0.2"],
          "the band's bounds replace"),
         (["--loss", "cispo", "--actor.cispo.bounds", "band", "--band_delta", "-1"], "delta must be a positive"),
+        (["--loss", "cispo", "--actor.cispo.bounds", "band", "--actor.band.backend", "triton"], "runs in torch"),
+        (["--loss", "cispo", "--actor.cispo.bounds", "band", "--actor.eps_clip", "0.3"], "--actor.eps_clip does not"),
+        # clip values and the single eps where they mean nothing or are not numbers >= 0
+        (["--loss", "gmpo", "--actor.eps_clip_low_high", "-0.1", "0.2"], "takes clip values >= 0"),
+        (["--loss", "clip_cov", "--actor.eps_clip", "nan"], "takes clip values >= 0"),
+        (["--loss", "sapo", "--actor.eps_clip", "0.3"], "--actor.eps_clip does not apply to --loss sapo"),
+        (["--loss", "kl_cov", "--actor.eps_clip", "0.3"], "--actor.eps_clip does not apply to --loss kl_cov"),
+        # GMPO's IS weights go into a per-sequence geometric mean: no zero weights (token-level mask mode)
+        (["--loss", "gmpo", "--algo.advantage.is_correction_level", "token"], "is_correction_mode clip"),
     ],
 )  # fmt: skip
 def test_bad_or_orphaned_values_fail_at_parse_time_with_one_line(extra, message, capsys):
@@ -179,3 +192,59 @@ def test_a_new_objective_is_one_registered_function():
         assert torch.allclose(log_probs.grad, torch.full((3, 5), -1 / 15))  # token mean of -A log pi
     finally:
         OBJECTIVES.pop("test_vanilla_pg")
+
+
+def test_gmpo_takes_the_is_correction_in_clip_mode_or_per_sequence():
+    for flags in (["--algo.advantage.is_correction_mode", "clip"], ["--algo.advantage.is_correction_level", "seq"]):
+        level = [] if "seq" in flags else ["--algo.advantage.is_correction_level", "token"]
+        _, module = build("--loss", "gmpo", *level, *flags)
+        assert module.is_correction.on
+    with pytest.raises(ValueError, match="sequence-level objective"):
+        make_policy_loss("gmpo", is_correction_level="token", is_correction_mode="mask")
+
+
+def test_clip_cov_with_nothing_eligible_is_openrlhfs_dual_clipped_ppo():
+    """Clip-Cov takes OpenRLHF's dual clip (verl's has none): with no token eligible it is PolicyLoss."""
+    from openrlhf.models.loss import PolicyLoss
+
+    torch.manual_seed(1)
+    old = torch.randn(8, 16).clamp(max=-0.05)
+    new = (old + torch.randn(8, 16)).requires_grad_()
+    adv, mask = torch.randn(8, 1) * 2, (torch.rand(8, 16) > 0.2).float()
+    ours = make_policy_loss("clip_cov", clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=3.0, clip_cov_lb=1e8,
+                            clip_cov_ub=1e9)  # fmt: skip
+    stock = PolicyLoss(0.2, 0.28, dual_clip=3.0)
+    (a, *_), (b, *_) = ours(new, old, adv, mask), stock(new, old, adv, mask)
+    (ga,), (gb,) = torch.autograd.grad(a, new), torch.autograd.grad(b, new)
+    # the same float32 operations on the same operands in the same order, elementwise (max, min, clamp,
+    # where, products), then OpenRLHF's own aggregate_loss: equal on every CPU
+    assert torch.equal(a, b) and torch.equal(ga, gb)
+    assert ours.loss_metrics["clip_cov/selected_frac"] == 0.0
+    ratio = (new - old).exp().detach()
+    clip1 = torch.min(ratio * adv, ratio.clamp(0.8, 1.28) * adv)
+    assert ((adv < 0) & (3.0 * adv > clip1)).any()  # the dual clip acts in this batch
+
+
+def test_a_dual_clipped_token_is_never_selected():
+    torch.manual_seed(2)
+    old = torch.randn(4, 32).clamp(max=-0.05)
+    new = (old + torch.randn(4, 32)).requires_grad_()
+    adv, mask = -torch.rand(4, 1) - 0.5, torch.ones(4, 32)
+    loss_fn = make_policy_loss("clip_cov", dual_clip=1.5, clip_cov_ratio=1.0, clip_cov_lb=-1e9, clip_cov_ub=1e9)
+    loss_fn(new, old, adv, mask)
+    ratio = (new - old).exp().detach()
+    held = -1.5 * adv < torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))  # A < 0: held at -1.5 A
+    assert held.any() and not held.all()
+    eligible = loss_fn.loss_metrics["clip_cov/eligible_frac"]
+    assert float(eligible) <= 1 - float(held.float().mean()) + 1e-6
+
+
+def test_kl_cov_selects_through_a_non_contiguous_mask():
+    torch.manual_seed(3)
+    old = torch.randn(16, 8).clamp(max=-0.05)
+    new, adv = old + 0.3 * torch.randn(16, 8), torch.randn(16, 8)
+    mask = torch.ones(8, 16).t()  # dense but transposed: not contiguous
+    assert not mask.is_contiguous()
+    loss_fn = make_policy_loss("kl_cov", kl_cov_ratio=0.1)
+    loss_fn(new, old, adv, mask)
+    assert loss_fn.loss_metrics["kl_cov/selected_frac"] == pytest.approx(int(128 * 0.1) / 128)
