@@ -79,7 +79,9 @@ def main() -> None:
         if m == "clip":
             continue
         to_clip = [ms(per_seed(rows, m, k, final, "clip"), signed=True) for k in KEYS]
-        to_band = [ms(per_seed(rows, m, k, final, "band-kl"), signed=True) for k in KEYS] if m != "band-kl" else [""] * 3
+        to_band = [""] * 3
+        if m != "band-kl":
+            to_band = [ms(per_seed(rows, m, k, final, "band-kl"), signed=True) for k in KEYS]
         print(f"| {m} | " + " | ".join(to_clip + to_band) + " |")
 
     pairs = [("band-kl-cispo", "cispo"), ("band-kl-floor", "cispo"), ("band-kl-floor", "clip-cov"),
