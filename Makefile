@@ -69,8 +69,7 @@ learn-study: learn-checkpoint
 
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more; instead UNIT_WORKERS processes (pytest-xdist, a test file per
-# worker at a time) share the cores: 1,281 tests in 6:45 on 2 cores with a study running beside them,
-# 9:27 on one. `make test` = lint + the unit suite + the end-to-end tests.
+# worker at a time) share the cores: 1,738 tests in 7:03 on 2 cores (1,281 in 9:27 on one). `make test` = lint + the unit suite + the end-to-end tests.
 UNIT_WORKERS ?= 2
 test: lint unit e2e
 
