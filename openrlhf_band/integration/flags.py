@@ -23,6 +23,7 @@ from openrlhf_band.functional import BACKENDS
 from openrlhf_band.integration.fused_head import fused_logprobs_config
 from openrlhf_band.integration.objective_flags import (
     add_objective_arguments,
+    band_drives_loss,
     resolved_objective_config,
     uses_band_bounds,
     validate_objective_arguments,
@@ -182,7 +183,7 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
     """
     band = args.actor.band
     given = [k for k in BAND_DEFAULTS if getattr(band, k, None) is not None]
-    if args.actor.policy_loss_type != "band" and not uses_band_bounds(args):
+    if not band_drives_loss(args):
         if given:
             parser.error(
                 f"--actor.band.{given[0]} needs the band loss: add --actor.policy_loss_type band (or --loss band), "
@@ -337,7 +338,7 @@ def resolved_loss_config(args) -> dict:
         config["objective"] = resolved_objective_config(args)
     if loss in ("ppo", "gspo"):
         config["eps_clip_low_high"] = list(args.actor.eps_clip_low_high)
-    if loss != "band" and not uses_band_bounds(args):
+    if not band_drives_loss(args):
         return config
     band = args.actor.band
     if band.rule == "dcpo":

@@ -5,7 +5,7 @@ metrics, and the adaptive radius' inputs, step and checkpoint state (no-ops for 
 from __future__ import annotations
 
 from openrlhf_band.integration.flags import band_loss_kwargs
-from openrlhf_band.integration.objective_flags import objective_loss_kwargs, uses_band_bounds
+from openrlhf_band.integration.objective_flags import band_drives_loss, objective_loss_kwargs
 from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss
 from openrlhf_band.integration.policy_loss import BandPolicyLoss
 from openrlhf_band.objectives import OBJECTIVES
@@ -19,10 +19,9 @@ def loss_class_and_kwargs(args, policy_loss_class) -> tuple[type, dict]:
     arguments for `--loss band` and for `--loss cispo --actor.cispo.bounds band`; ObjectivePolicyLoss
     and the objective's options for the other registered objectives (`make_policy_loss` builds the
     same modules from Python)."""
-    loss = args.actor.policy_loss_type
-    if loss == "band" or uses_band_bounds(args):
+    if band_drives_loss(args):
         return BandPolicyLoss, band_loss_kwargs(args)
-    if loss in OBJECTIVES:
+    if args.actor.policy_loss_type in OBJECTIVES:
         return ObjectivePolicyLoss, objective_loss_kwargs(args)
     return policy_loss_class, {}
 

@@ -8,10 +8,11 @@ methods from here; extra flags (a radius, a cap, the backend) come after the met
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from openrlhf_band.band.spec import BandSpec
 from openrlhf_band.integration.flags import add_loss_arguments, band_loss_kwargs, band_spec, validate_loss_arguments
-from openrlhf_band.integration.objective_flags import LOSS_TYPES, objective_loss_kwargs, uses_band_bounds
+from openrlhf_band.integration.objective_flags import LOSS_TYPES, band_drives_loss, objective_loss_kwargs
 from openrlhf_band.objectives import OBJECTIVES
 
 #: name -> the train_ppo_ray flags of the method (beside the run's other flags)
@@ -86,48 +87,66 @@ def resolve_flags(flags: tuple[str, ...] | list[str]) -> argparse.Namespace:
     return args
 
 
-def _band_driven(args) -> bool:
-    """The band loss, or an objective with the band's bounds (CISPO's)."""
-    return args.actor.policy_loss_type == "band" or uses_band_bounds(args)
-
-
 def method_flags(name: str, *extra: str) -> tuple[str, ...]:
     if name not in METHOD_FLAGS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHOD_FLAGS)}")
     return (*METHOD_FLAGS[name], *extra)
 
 
+@dataclass(frozen=True)
+class ResolvedMethod:
+    """What a method's flags resolve to (one parse, `resolve_method`).
+
+    loss_type: its --actor.policy_loss_type (ppo for OpenRLHF's clip).
+    spec: its BandSpec where the band gives the bounds (the band, CISPO with the band's bounds), else None.
+    loss_kwargs: BandPolicyLoss's band arguments (`flags.band_loss_kwargs`) in that case, else None.
+    clip_eps: (eps_low, eps_high) of a clip method or of an objective's clip values, None where the band
+        gives the bounds.
+    objective_options: a registered objective's options (`make_policy_loss`'s keywords beside the clip
+        eps), None for the clip and where the band gives the bounds.
+    """
+
+    loss_type: str
+    spec: BandSpec | None
+    loss_kwargs: dict | None
+    clip_eps: tuple[float, float] | None
+    objective_options: dict | None
+
+
+def resolve_method(name: str, *extra: str) -> ResolvedMethod:
+    """The method's flags (and `extra`, after them) parsed and validated once, as train_ppo_ray does."""
+    args = resolve_flags(method_flags(name, *extra))
+    loss_type = args.actor.policy_loss_type
+    if band_drives_loss(args):
+        return ResolvedMethod(loss_type, band_spec(args.actor.band), band_loss_kwargs(args), None, None)
+    eps = args.actor.eps_clip_low_high  # OpenRLHF fills it from --actor.eps_clip
+    clip_eps = (args.actor.eps_clip,) * 2 if eps is None else (eps[0], eps[1])
+    options = objective_loss_kwargs(args) if loss_type in OBJECTIVES else None
+    return ResolvedMethod(loss_type, None, None, clip_eps, options)
+
+
 def method_spec(name: str, *extra: str) -> BandSpec | None:
     """The method's BandSpec (validated), or None for OpenRLHF's own clip and the objectives' fixed clips."""
-    args = resolve_flags(method_flags(name, *extra))
-    return band_spec(args.actor.band) if _band_driven(args) else None
+    return resolve_method(name, *extra).spec
 
 
 def method_clip_eps(name: str, *extra: str) -> tuple[float, float] | None:
     """(eps_low, eps_high) of a clip method or of an objective's clip values (None where the band gives the
     bounds)."""
-    args = resolve_flags(method_flags(name, *extra))
-    if _band_driven(args):
-        return None
-    eps = args.actor.eps_clip_low_high
-    return (args.actor.eps_clip,) * 2 if eps is None else (eps[0], eps[1])  # OpenRLHF fills it from --actor.eps_clip
+    return resolve_method(name, *extra).clip_eps
 
 
 def method_loss_kwargs(name: str, *extra: str) -> dict | None:
     """BandPolicyLoss's band arguments for the method (`flags.band_loss_kwargs`), None for the clip."""
-    args = resolve_flags(method_flags(name, *extra))
-    return band_loss_kwargs(args) if _band_driven(args) else None
+    return resolve_method(name, *extra).loss_kwargs
 
 
 def method_loss_type(name: str, *extra: str) -> str:
     """The method's --actor.policy_loss_type (ppo for OpenRLHF's clip)."""
-    return resolve_flags(method_flags(name, *extra)).actor.policy_loss_type
+    return resolve_method(name, *extra).loss_type
 
 
 def method_objective_options(name: str, *extra: str) -> dict | None:
     """A registered objective's options for the method (`make_policy_loss`'s keywords beside the clip
     eps), None for the clip and the band."""
-    args = resolve_flags(method_flags(name, *extra))
-    if args.actor.policy_loss_type not in OBJECTIVES or uses_band_bounds(args):
-        return None
-    return objective_loss_kwargs(args)
+    return resolve_method(name, *extra).objective_options

@@ -12,6 +12,13 @@ METRIC_PROB_BINS = (0.0, 0.01, 0.1, 0.5, 1.0)
 _BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
 
 
+def token_mean(values: Tensor, mask: Tensor, count: Tensor) -> Tensor:
+    """0-d float32: the mean of `values` (bool: a share) over the `count` tokens where `mask` (bool) is
+    true; what any position outside the mask holds never reaches it. A mean over unmasked tokens is
+    what OpenRLHF's token-weighted reduction over micro-batches and ranks turns into the step's value."""
+    return (torch.where(mask, values.float(), 0.0).sum() / count).float()
+
+
 @torch.no_grad()
 def band_metrics(
     out: BandTokenLoss,
@@ -57,7 +64,7 @@ def band_metrics(
     count = mask.sum().clamp(min=1)
 
     def share(values: Tensor) -> Tensor:
-        return (torch.where(mask, values.float(), 0.0).sum() / count).float()
+        return token_mean(values, mask, count)
 
     clipped = out.clipped_upper | out.clipped_lower
     metrics = {

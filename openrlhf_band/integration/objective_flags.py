@@ -50,6 +50,12 @@ def uses_band_bounds(args) -> bool:
     return args.actor.policy_loss_type == "cispo" and getattr(args.actor.cispo, "bounds", None) == "band"
 
 
+def band_drives_loss(args) -> bool:
+    """The band gives the loss its bounds: `--loss band`, or CISPO with the band's bounds. Then the
+    band's flags apply and BandPolicyLoss is the loss."""
+    return args.actor.policy_loss_type == "band" or uses_band_bounds(args)
+
+
 def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
     """Fill the selected objective's option defaults; refuse an option of an objective that is not
     selected, and an OpenRLHF option the objective cannot take (one line, exit status 2)."""

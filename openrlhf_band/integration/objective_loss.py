@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from openrlhf_band.integration.is_correction import ISCorrection
+from openrlhf_band.integration.metrics import token_mean
 from openrlhf_band.objectives.registry import get_objective
 from openrlhf_band.ops.token_loss import broadcast_advantages
 
@@ -159,10 +160,7 @@ class ObjectivePolicyLoss(nn.Module):
 @torch.no_grad()
 def _token_shares(prefix: str, metrics: dict[str, Tensor], live: Tensor) -> dict[str, Tensor]:
     count = live.sum().clamp(min=1)
-    return {
-        f"{prefix}/{name}": (torch.where(live, values.float(), 0.0).sum() / count).float()
-        for name, values in metrics.items()
-    }
+    return {f"{prefix}/{name}": token_mean(values, live, count) for name, values in metrics.items()}
 
 
 def make_policy_loss(name: str, **options) -> nn.Module:

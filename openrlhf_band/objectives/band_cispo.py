@@ -20,7 +20,13 @@ from openrlhf_band.band.bounds import spec_bounds_with_edge
 from openrlhf_band.band.dcpo import dcpo_rule_bounds
 from openrlhf_band.band.spec import BandSpec, radius_view
 from openrlhf_band.objectives.losses import cispo_token_loss
-from openrlhf_band.ops.token_loss import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
+from openrlhf_band.ops.token_loss import (
+    LOG_RATIO_CLAMP,
+    BandTokenLoss,
+    as_float32,
+    broadcast_advantages,
+    unclippable_at_edge,
+)
 
 
 def band_cispo_token_loss(
@@ -69,11 +75,11 @@ def band_cispo_token_loss(
     upper = torch.where(live, torch.as_tensor(upper, dtype=compute_dtype, device=new.device).expand(shape), 1.0)
     lower = band_lower
     if spec.lower_floor is not None:  # the floor as float32 holds it, as the band's loss applies it
-        lower = band_lower.clamp(min=float(torch.tensor(spec.lower_floor, dtype=torch.float32)))
+        lower = band_lower.clamp(min=as_float32(spec.lower_floor))
     log_ratio = (new.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     # at the simplex edge 1/p no reachable ratio exceeds the bound: decided in log space (q <= 1), as the
     # band's loss does, since exp(log q - log p) at q = 1 can round one ulp above the bound
-    upper_used = torch.where(at_edge & live & (log_ratio <= -old.clamp(max=0.0)), math.inf, upper)
+    upper_used = torch.where(unclippable_at_edge(at_edge, live, log_ratio, old), math.inf, upper)
     loss, above, below = cispo_token_loss(new, old, adv, lower, upper_used)
     with torch.no_grad():
         above, below = above & live, below & live

@@ -32,7 +32,13 @@ from torch import Tensor
 
 from openrlhf_band.band.bounds import spec_bounds_with_edge
 from openrlhf_band.band.spec import BandSpec
-from openrlhf_band.ops.token_loss import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
+from openrlhf_band.ops.token_loss import (
+    LOG_RATIO_CLAMP,
+    BandTokenLoss,
+    as_float32,
+    broadcast_advantages,
+    unclippable_at_edge,
+)
 
 __all__ = ["LOG_RATIO_CLAMP", "BandTokenLoss", "band_token_loss_reference"]
 
@@ -88,7 +94,7 @@ def band_token_loss_reference(
     band_lower = lower
     lower_floor, ratio_truncation = spec.lower_floor, spec.ratio_truncation
     if lower_floor is not None:  # after relax (band_bounds' order); also on given bounds. clamp keeps nan
-        lower = lower.clamp(min=float(torch.tensor(lower_floor, dtype=torch.float32)))
+        lower = lower.clamp(min=as_float32(lower_floor))
 
     # masked positions may hold anything (nan, inf): replace them before any arithmetic so that
     # neither the loss nor the gradient can pick up a nan through 0 * nan
@@ -104,13 +110,13 @@ def band_token_loss_reference(
     log_ratio = raw_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     upper_loss = upper
     if at_edge is not None:  # at the edge 1/p, decide in log space: clip only if log r > -log p (q > 1)
-        upper_loss = torch.where(at_edge & mask & (log_ratio <= -old.clamp(max=0.0)), math.inf, upper)
+        upper_loss = torch.where(unclippable_at_edge(at_edge, mask, log_ratio, old), math.inf, upper)
 
     ratio = torch.exp(log_ratio)
     if ratio_truncation is not None:
         # same value; d ratio / d log r = min(r, c) instead of r (DPPO's truncated weight). DPPO's gradient
         # -min(r, c) A does not stop at the log-ratio clamp: beyond it, -min(e^+-20, c) A (verl's), not 0
-        weight = torch.clamp(ratio.detach(), max=float(torch.tensor(ratio_truncation, dtype=torch.float32)))
+        weight = torch.clamp(ratio.detach(), max=as_float32(ratio_truncation))
         ratio = ratio.detach() + (raw_log_ratio - raw_log_ratio.detach()) * weight
     surr1 = ratio * adv
     # tensor clamp, like OpenRLHF's scalar clamp, passes the full gradient at r == bound

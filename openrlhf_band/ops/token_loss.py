@@ -46,3 +46,15 @@ def broadcast_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
             f"advantages of shape {tuple(advantages.shape)} do not fit log_probs of shape {tuple(shape)}; "
             "expected (B, T), (B, 1) or (B,)"
         ) from None
+
+
+def as_float32(value: float) -> float:
+    """A threshold as the float32 kernel holds it (the floor, DPPO's truncation): both backends compare
+    with the same number."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def unclippable_at_edge(at_edge: Tensor, mask: Tensor, log_ratio: Tensor, old_log_probs: Tensor) -> Tensor:
+    """Where an upper bound at the simplex edge 1/p must not clip: log r <= -log p, i.e. q <= 1, decided
+    in log space (exp(log q - log p) at q = 1 can round one ulp above float32(1/p)). bool, the inputs' shape."""
+    return at_edge & mask & (log_ratio <= -old_log_probs.clamp(max=0.0))

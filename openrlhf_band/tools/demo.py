@@ -48,14 +48,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from openrlhf_band.integration.methods import (
-    METHOD_FLAGS,
-    method_clip_eps,
-    method_loss_kwargs,
-    method_loss_type,
-    method_objective_options,
-    method_spec,
-)
+from openrlhf_band.integration.methods import METHOD_FLAGS, method_loss_kwargs, method_spec, resolve_method
 
 
 # Each method is a way to get (lower, upper) ratio bounds from the old log-probs, named as in
@@ -69,13 +62,13 @@ from openrlhf_band.integration.methods import (
 # r_low (delta 0.05) exceeds 0.8 for p > 0.751 (0.867 at p = 0.9), where the floor leaves it alone.
 def _facets(name: str) -> dict:
     """What the demo reads of a registered method, from what its flags resolve to (resolved once)."""
-    loss_type = method_loss_type(name)
-    loss_kwargs = method_loss_kwargs(name)
+    method = resolve_method(name)
+    loss_type, loss_kwargs = method.loss_type, method.loss_kwargs
     if loss_kwargs is None:
         if loss_type == "ppo":
-            return {"kind": "clip", "eps": method_clip_eps(name)}
-        return {"kind": "objective", "objective": loss_type, "eps": method_clip_eps(name),
-                "options": method_objective_options(name)}  # fmt: skip
+            return {"kind": "clip", "eps": method.clip_eps}
+        return {"kind": "objective", "objective": loss_type, "eps": method.clip_eps,
+                "options": method.objective_options}  # fmt: skip
     spec = loss_kwargs["band"]
     if loss_type == "cispo":  # CISPO with the band's bounds
         return {"kind": "band-cispo", "divergence": spec.divergence}

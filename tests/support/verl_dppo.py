@@ -97,14 +97,9 @@ def _exec_functions(path: Path, names: list[str], namespace: dict) -> dict:
     return namespace
 
 
-@functools.cache
-def load(root: Path = VERL_ROOT) -> types.SimpleNamespace:
-    """verl 0.9.1's dppo_tv / dppo_kl losses, agg_loss, masked_sum and masked_mean, as callables, from
-    the wheel installed at `root`.
-
-    Raises VerlGroundTruthMissing (saying to run `make venv`) when the installed wheel is missing or
-    is not verl 0.9.1.
-    """
+def checked_version(root: Path = VERL_ROOT) -> str:
+    """verl 0.9.1's version at `root`, checked: VerlGroundTruthMissing (saying to run `make venv`) when
+    the installed wheel is missing or is not verl 0.9.1."""
     core, tf = root / CORE_ALGOS, root / TORCH_FUNCTIONAL
     if not (core.is_file() and tf.is_file()):
         raise VerlGroundTruthMissing(
@@ -115,11 +110,28 @@ def load(root: Path = VERL_ROOT) -> types.SimpleNamespace:
     version = installed_version(root)
     if version != VERL_VERSION:
         raise VerlGroundTruthMissing(f"{root} holds verl {version}, not {VERL_VERSION}: run `make venv`")
+    return version
 
-    functional = _exec_functions(tf, ["masked_sum", "masked_mean"], {"torch": torch, "Optional": Optional})
-    verl_F = types.SimpleNamespace(masked_sum=functional["masked_sum"], masked_mean=functional["masked_mean"])
+
+def load_functional(root: Path = VERL_ROOT) -> types.SimpleNamespace:
+    """verl's `verl_F` as its losses use it: masked_sum and masked_mean from verl/utils/torch_functional.py."""
+    functional = _exec_functions(root / TORCH_FUNCTIONAL, ["masked_sum", "masked_mean"],
+                                 {"torch": torch, "Optional": Optional})  # fmt: skip
+    return types.SimpleNamespace(masked_sum=functional["masked_sum"], masked_mean=functional["masked_mean"])
+
+
+@functools.cache
+def load(root: Path = VERL_ROOT) -> types.SimpleNamespace:
+    """verl 0.9.1's dppo_tv / dppo_kl losses, agg_loss, masked_sum and masked_mean, as callables, from
+    the wheel installed at `root`.
+
+    Raises VerlGroundTruthMissing (saying to run `make venv`) when the installed wheel is missing or
+    is not verl 0.9.1.
+    """
+    version = checked_version(root)
+    verl_F = load_functional(root)
     namespace = {"torch": torch, "Optional": Optional, "Any": Any, "verl_F": verl_F, "AlgoConfig": AlgoConfig}
-    _exec_functions(core, ["agg_loss", *POLICY_LOSSES.values()], namespace)
+    _exec_functions(root / CORE_ALGOS, ["agg_loss", *POLICY_LOSSES.values()], namespace)
     return types.SimpleNamespace(
         version=version,
         root=root,

@@ -43,13 +43,13 @@ from typing import Any, Optional
 import torch
 from verl_dppo import (
     CORE_ALGOS,
-    TORCH_FUNCTIONAL,
     VERL_ROOT,
     VERL_VERSION,
     AlgoConfig,
     VerlGroundTruthMissing,
     _exec_functions,
-    installed_version,
+    checked_version,
+    load_functional,
 )
 
 __all__ = [
@@ -121,19 +121,8 @@ def load(root: Path = VERL_ROOT) -> types.SimpleNamespace:
     """verl 0.9.1's five objectives (keyed by our names), its agg_loss (unwrapped), masked_sum and
     masked_mean, from the wheel installed at `root`. VerlGroundTruthMissing (saying to run `make
     venv`) when the wheel is missing or not verl 0.9.1."""
-    core, tf = root / CORE_ALGOS, root / TORCH_FUNCTIONAL
-    if not (core.is_file() and tf.is_file()):
-        raise VerlGroundTruthMissing(
-            f"verl {VERL_VERSION}'s source is not installed at {root} (looked for {CORE_ALGOS} and "
-            f"{TORCH_FUNCTIONAL}): run `make venv`, which installs it with `pip install --no-deps --target "
-            f".venv/ground-truth/verl-{VERL_VERSION} verl=={VERL_VERSION}`"
-        )
-    version = installed_version(root)
-    if version != VERL_VERSION:
-        raise VerlGroundTruthMissing(f"{root} holds verl {version}, not {VERL_VERSION}: run `make venv`")
-
-    functional = _exec_functions(tf, ["masked_sum", "masked_mean"], {"torch": torch, "Optional": Optional})
-    verl_F = types.SimpleNamespace(masked_sum=functional["masked_sum"], masked_mean=functional["masked_mean"])
+    version = checked_version(root)
+    verl_F = load_functional(root)
     namespace = {
         "torch": torch,
         "Optional": Optional,
@@ -142,7 +131,7 @@ def load(root: Path = VERL_ROOT) -> types.SimpleNamespace:
         "AlgoConfig": AlgoConfig,
         "ActorConfig": ActorConfig,
     }
-    _exec_functions(core, ["agg_loss", *POLICY_LOSSES.values()], namespace)
+    _exec_functions(root / CORE_ALGOS, ["agg_loss", *POLICY_LOSSES.values()], namespace)
     agg_loss = namespace["agg_loss"]
 
     def recording_agg_loss(loss_mat, loss_mask, loss_agg_mode, **kwargs):
