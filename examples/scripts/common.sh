@@ -5,7 +5,13 @@
 #
 # Environment (all optional):
 #   MODEL            HF model id or path      (default deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B)
-#   DATA_DIR         output of `openrlhf-band prepare-data` (train.jsonl, eval.jsonl; default ./data)
+#   TASK             math (default), reasoning-gym, code or mc: picks the data, the reward file and the
+#                    eval (openrlhf_band/recipe/tasks.py; docs/tasks.md)
+#   DATA_DIR         output of `openrlhf-band prepare-data --source TASK` (train.jsonl, eval.jsonl; default
+#                    ./data for math, ./data/TASK otherwise); when DATA_DIR/train.jsonl is missing the
+#                    launcher runs prepare-data into it first, with PREPARE_ARGS (word-split) added, e.g.
+#                    PREPARE_ARGS="--tasks leg_counting,chain_sum --size 20000" for reasoning-gym
+#   EVAL_N           samples per eval prompt (default 32: mean@32 / pass@32, or pass@1 / pass@32 for code)
 #   OUTPUT_ROOT      where runs go            (default ./runs; a run is OUTPUT_ROOT/METHOD-seedSEED)
 #   SEED             training seed            (default 42; the paper repeats 3 seeds)
 #   NNODES           nodes                    (default 1)
@@ -29,13 +35,18 @@ launch() {
   shift
   local method_args=("$@")
   local model="${MODEL:-deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B}"
-  local data_dir="${DATA_DIR:-./data}"
+  local task="${TASK:-math}"
+  local data_dir="${DATA_DIR:-}"
+  if [[ -z "$data_dir" ]]; then
+    if [[ "$task" == math ]]; then data_dir=./data; else data_dir="./data/$task"; fi
+  fi
   local seed="${SEED:-42}"
   local nnodes="${NNODES:-1}"
   local gpus="${GPUS_PER_NODE:-8}"
   local vllm_tp="${VLLM_TP:-1}"
   local engines=$(( nnodes * gpus / vllm_tp ))
   local output_dir="${OUTPUT_ROOT:-./runs}/${METHOD}-seed${seed}"
+  if [[ "$task" != math ]]; then output_dir="${OUTPUT_ROOT:-./runs}/$task/${METHOD}-seed${seed}"; fi
   local reward_py attn="${ATTN:-auto}"
   # Packing (--ds.packing_samples) is OpenRLHF's flash-attn path (variable-length kernels); without
   # flash-attn every micro-batch is padded to its longest sample instead. (transformers can mask
@@ -48,7 +59,15 @@ launch() {
     attn_args+=(--ds.packing_samples)
   fi
   echo "[$METHOD] attention: ${attn_args[*]}" >&2
-  reward_py="$(python3 -c 'import openrlhf_band.recipe.reward as r; print(r.__file__)')"
+  # the task's reward file (an unknown TASK stops here, naming the valid ones); for code, the sandbox is
+  # checked here too: a machine without the isolation it needs stops now, with the fix, not mid-run
+  reward_py="$(python3 -m openrlhf_band.recipe.tasks reward-file "$task")"
+  python3 -m openrlhf_band.recipe.tasks preflight "$task"
+  if [[ -z "${DRY_RUN:-}" && ! -s "$data_dir/train.jsonl" ]]; then
+    echo "[$METHOD] no $data_dir/train.jsonl: openrlhf-band prepare-data --source $task ${PREPARE_ARGS:-}" >&2
+    # shellcheck disable=SC2086  # word splitting of PREPARE_ARGS is the documented behaviour
+    openrlhf-band prepare-data --source "$task" --out "$data_dir" ${PREPARE_ARGS:-}
+  fi
 
   local fused_args=(--ds.fused_logprobs)
   if [[ "${FUSED_LOGPROBS:-1}" == 0 ]]; then
@@ -78,11 +97,11 @@ launch() {
     --algo.kl.use_loss --algo.kl.estimator k3 --algo.kl.init_coef 0.001
     --actor.entropy_coef 0
     --train.num_episodes "${EPISODES:-1}" --train.seed "$seed"
-    # data, reward and evaluation (AIME 2024 / 2025, AMC 2023; 32 samples at temperature 1.0)
+    # data, reward and evaluation (the task's; for math AIME 2024 / 2025, AMC 2023), 32 samples at temperature 1.0
     --data.prompt_dataset "$data_dir/train.jsonl" --data.input_key prompt --data.label_key label
     --data.apply_chat_template
     --reward.remote_url "$reward_py"
-    --eval.dataset "$data_dir/eval.jsonl" --eval.n_samples_per_prompt 32 --eval.temperature 1.0
+    --eval.dataset "$data_dir/eval.jsonl" --eval.n_samples_per_prompt "${EVAL_N:-32}" --eval.temperature 1.0
     --eval.steps 20
     --ckpt.path "$output_dir/ckpt" --ckpt.output_dir "$output_dir/model" --ckpt.save_steps 100
     --logger.logging_steps 1
@@ -107,7 +126,8 @@ launch() {
   fi
 
   mkdir -p "$output_dir"
-  printf '{"method": "%s", "seed": %s, "model": "%s"}\n' "$METHOD" "$seed" "$model" > "$output_dir/run.json"
+  printf '{"method": "%s", "seed": %s, "model": "%s", "task": "%s"}\n' "$METHOD" "$seed" "$model" "$task" \
+    > "$output_dir/run.json"
   if [[ -n "${RAY_ADDRESS:-}" ]]; then
     ray job submit --address="$RAY_ADDRESS" --runtime-env-json='{"working_dir": "."}' \
       -- python3 -m openrlhf.cli.train_ppo_ray "${args[@]}"

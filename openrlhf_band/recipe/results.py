@@ -17,6 +17,9 @@ training status dict is logged as `train/<key>`, every key of the eval dict as `
   `BandPolicyLoss.band_metrics`), and `train/ppo_clip_ratio` (OpenRLHF, every policy loss: the
   fraction of tokens whose clipped branch is active, for the band the sum of the two above).
 
+For the code task's benchmarks (humaneval, mbpp, apps) the table names the columns pass@1 and pass@n: with
+the code reward's 0/1 per program, mean@n is the unbiased pass@1 estimate and the max over n is pass@n.
+
 A run's method is the name of its directory unless the directory holds a `run.json` with
 {"method": ...}. Runs sharing a method (seeds) are averaged: the table at the eval steps every such
 run has, the curves at each step over the runs that logged it (mean line, min-max band).
@@ -280,11 +283,19 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None or math.isnan(v) else f"{100 * v:.1f}"
 
 
+def column_labels(benchmark: str, n: str) -> tuple[str, str]:
+    """The two eval columns' names: mean@n and pass@n; for a code benchmark, whose reward is 0/1 per program,
+    the mean over the n samples is the unbiased pass@1 estimate (Chen et al. 2021, k = 1) and the max pass@n."""
+    from openrlhf_band.recipe.code_data import SOURCES as CODE_SOURCES
+
+    return ("pass@1", f"pass@{n}") if benchmark in CODE_SOURCES else (f"mean@{n}", f"pass@{n}")
+
+
 def format_markdown(benchmarks: Sequence[str], results: Sequence[MethodResult]) -> str:
     ns = {r.n for r in results if r.n is not None}
     n = str(ns.pop()) if len(ns) == 1 else "n"
     cols = [*benchmarks, "avg"]
-    header = ["method", "runs", "step"] + [f"{b} {k}@{n}" for b in cols for k in ("mean", "pass")]
+    header = ["method", "runs", "step"] + [f"{b} {label}" for b in cols for label in column_labels(b, n)]
     out = []
     for name, title in (("best", "best step (highest mean over benchmarks of mean@n)"), ("last", "last step")):
         out += [f"### Results at the {title}, x100", ""]

@@ -114,12 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_arguments(p)
     p.set_defaults(func=_module_command("openrlhf_band.bench.aot"))
 
-    from openrlhf_band.recipe import data, results
+    from openrlhf_band.recipe import results, tasks
     from openrlhf_band.tools import demo
 
     for name, module, help_text in (
         ("demo", demo, "GRPO on CPU with a tiny model: clip vs Clip-Higher vs BandPO (the README's first command)"),
-        ("prepare-data", data, "write the recipe's train / eval JSONL (DAPO-Math-17k + MATH; AIME 24/25, AMC 23)"),
+        (
+            "prepare-data",
+            tasks,
+            "write a task's train / eval JSONL: math (DAPO-Math-17k + MATH; AIME 24/25, AMC 23, the default), "
+            "reasoning-gym, code (MBPP / APPS; HumanEval) or mc (CommonsenseQA, MMLU)",
+        ),
         ("results", results, "paper-style table and curves from the TensorBoard logs of several runs"),
     ):
         p = sub.add_parser(name, help=help_text)

@@ -1,0 +1,225 @@
+"""The code reward as an OpenRLHF 0.11.2 reward file: pass `--reward.remote_url /path/to/code_reward.py`.
+
+The contract is the math reward's (openrlhf_band/recipe/reward.py: OpenRLHF loads this file with
+`importlib.util.spec_from_file_location` and calls `reward_func(queries, prompts, labels)` from worker
+threads; it returns float32 `rewards`, `scores` and `extra_logs` tensors of shape [B] and never raises).
+
+Reward: 1 when the program passes every test of its label, else 0 (a failed or crashed test, a timeout,
+no code, an unreadable label, a sandbox failure). `scores` are the same 0/1 (OpenRLHF's dynamic filtering
+reads them); the eval metrics `eval_<datasource>_pass1` and `eval_<datasource>_pass<n>` are then pass@1
+(mean over samples) and pass@n. extra_logs: `code_found`, `code_timeout`, `sandbox_error` (0/1 each).
+
+The program (rule): the response is the query without its prompt (special tokens such as `<|im_end|>`
+removed); the program is the content of its LAST fenced code block whose info string is empty or names
+Python (```python, ```py, ```python3; a block left open at the end of the response runs to the end);
+a response without any fence is the program as it stands. A HumanEval label carries the problem's
+prompt: when the program does not define the entry point it completes the prompt (prompt + program, the
+HumanEval convention); when it does, the prompt's import lines go before it (its signature may use
+`List` from typing).
+
+Labels (JSON strings, `prepare-data --source code` writes them):
+- HumanEval: `{"test": "<code defining check(candidate)>", "entry_point": "f", "prompt": "<the problem>"}`;
+  MBPP's top-level asserts go in `test` the same way (they call the entry point by its name);
+- APPS / CodeContests stdin-stdout: `{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}`;
+- APPS call-based: `{"inputs": [[arg, ...], ...], "outputs": [result, ...], "fn_name": "f"}`.
+
+Every sample runs in its own sandbox (openrlhf_band/recipe/sandbox.py: the isolation, the limits and what
+they do not cover; docs/tasks.md). Loading this file checks that the sandbox works here and raises
+`SandboxUnavailable` naming the fix when it does not, so a run without isolation never starts unless the
+user chose the weaker mode (OPENRLHF_BAND_CODE_SANDBOX=rlimits).
+
+Time: each sample gets OPENRLHF_BAND_CODE_TIMEOUT seconds (default 10) for all its tests, and its
+sandbox is killed 2 s after that; at most OPENRLHF_BAND_CODE_WORKERS sandboxes run at once in this
+process (default: one per usable CPU), and a sample that waits longer than
+OPENRLHF_BAND_CODE_ACQUIRE_TIMEOUT seconds (default 120) for a slot scores 0 as a timeout. So
+`reward_func` returns within (timeout + 2 s) per sample once it has a slot, on any input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from openrlhf_band.recipe import sandbox
+from openrlhf_band.recipe.reward import _SPECIAL_TOKEN_RE, _response_text
+
+__all__ = ["extract_program", "parse_label", "reward_func", "score"]
+
+MAX_PROGRAM_CHARS = 100_000
+MAX_LABEL_CHARS = 50_000_000  # APPS labels can hold megabytes of test input
+_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*$", re.MULTILINE)
+_PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
+_IMPORT_RE = re.compile(r"^(?:from\s+\S+\s+import\s+.+|import\s+.+)$", re.MULTILINE)
+
+
+def extract_program(response: Any) -> str | None:
+    """The last Python (or unlabelled) fenced block of `response`, else the whole text when it has no fence."""
+    if not isinstance(response, str):
+        return None
+    text = _SPECIAL_TOKEN_RE.sub("", response)
+    fences = list(_FENCE_RE.finditer(text))
+    if not fences:
+        program = text.strip()
+    else:
+        blocks, i = [], 0  # pair fences in order: opening (with its tag), closing
+        while i < len(fences):
+            opening = fences[i]
+            closing = fences[i + 1] if i + 1 < len(fences) else None
+            end = closing.start() if closing else len(text)
+            blocks.append((opening.group(1).lower(), text[opening.end() + 1 : end]))
+            i += 2
+        python = [body for tag, body in blocks if tag in _PYTHON_TAGS]
+        program = python[-1].strip("\n") if python else ""
+    if not program.strip() or len(program) > MAX_PROGRAM_CHARS:
+        return None
+    return program + "\n"
+
+
+def parse_label(label: Any) -> tuple[dict | None, bool]:
+    """(tests, accuracy) of a label; tests None when the label is not one of the three forms."""
+    try:
+        if isinstance(label, str):
+            if len(label) > MAX_LABEL_CHARS:
+                return None, False
+            label = json.loads(label)
+        if not isinstance(label, dict):
+            return None, False
+        accuracy = str(label.get("reward", "")).lower() == "accuracy"
+        if isinstance(label.get("test"), str) and isinstance(label.get("entry_point"), str):
+            tests = {"test": label["test"], "entry_point": label["entry_point"]}
+            if isinstance(label.get("prompt"), str):
+                tests["prompt"] = label["prompt"]
+            return tests, accuracy
+        inputs, outputs = label.get("inputs"), label.get("outputs")
+        if isinstance(inputs, list) and isinstance(outputs, list) and inputs and len(inputs) == len(outputs):
+            tests = {"inputs": inputs, "outputs": outputs}
+            if isinstance(label.get("fn_name"), str) and label["fn_name"]:
+                tests["fn_name"] = label["fn_name"]
+            return tests, accuracy
+    except (ValueError, TypeError):
+        pass
+    return None, False
+
+
+def _program_for(program: str, tests: dict) -> tuple[str, dict]:
+    """(program to run, tests for the sandbox): HumanEval's prompt completed or its imports prepended."""
+    prompt = tests.pop("prompt", None)
+    entry = tests.get("entry_point")
+    if prompt and entry:
+        tests["setup"] = prompt  # trusted helpers the checks call (HumanEval/32's poly, /38's encode_cyclic)
+        if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", program, re.MULTILINE):
+            imports = "\n".join(_IMPORT_RE.findall(prompt))
+            program = f"{imports}\n{program}" if imports else program
+        else:
+            program = prompt + program
+    return program, tests
+
+
+_SLOTS: threading.BoundedSemaphore | None = None
+_SLOTS_LOCK = threading.Lock()
+
+
+def _workers() -> int:
+    try:
+        return max(1, int(os.environ["OPENRLHF_BAND_CODE_WORKERS"]))
+    except (KeyError, ValueError):
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            return max(1, os.cpu_count() or 1)
+
+
+def _slots() -> threading.BoundedSemaphore:
+    global _SLOTS
+    with _SLOTS_LOCK:
+        if _SLOTS is None:
+            _SLOTS = threading.BoundedSemaphore(_workers())
+        return _SLOTS
+
+
+def score(response: Any, label: Any) -> tuple[float, dict]:
+    """(0/1, {"code_found", "code_timeout", "sandbox_error"}) for one response; never raises."""
+    logs = {"code_found": 0.0, "code_timeout": 0.0, "sandbox_error": 0.0}
+    try:
+        tests, _ = parse_label(label)
+        program = extract_program(response)
+        if program is None or tests is None:
+            logs["code_found"] = float(program is not None)
+            return 0.0, logs
+        logs["code_found"] = 1.0
+        program, tests = _program_for(program, dict(tests))
+        acquire_timeout = float(os.environ.get("OPENRLHF_BAND_CODE_ACQUIRE_TIMEOUT", 120))
+        slots = _slots()
+        if not slots.acquire(timeout=acquire_timeout):
+            logs["code_timeout"] = 1.0
+            return 0.0, logs
+        try:
+            verdict = sandbox.run_tests(program, tests, tests.get("entry_point"), sandbox.Limits.from_env())
+        finally:
+            slots.release()
+        logs["code_timeout"] = float(verdict.timed_out)
+        logs["sandbox_error"] = float(verdict.sandbox_error)
+        return float(verdict.passed), logs
+    except Exception:
+        logs["sandbox_error"] = 1.0
+        return 0.0, logs
+
+
+def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
+    """OpenRLHF's reward hook: 1 when every test passes, else 0; scores the same. Never raises."""
+    try:
+        if isinstance(queries, str):
+            queries, prompts, labels = [queries], [prompts], [labels]
+        queries = list(queries) if queries is not None else []
+        n = len(queries)
+        prompts = ((list(prompts) if prompts is not None else []) + [None] * n)[:n]
+        labels = ((list(labels) if labels is not None else []) + [None] * n)[:n]
+        responses = [_response_text(q, p) for q, p in zip(queries, prompts)]
+        if n <= 1:
+            rows = [score(r, lab) for r, lab in zip(responses, labels)]
+        else:  # a batch: as many sandboxes at once as there are slots
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(n, _workers())) as executor:
+                rows = list(executor.map(lambda args: score(*args), zip(responses, labels)))
+    except Exception:
+        rows = []
+    names = ("code_found", "code_timeout", "sandbox_error")
+    try:
+        import torch
+
+        def as_tensor(values):
+            return torch.tensor(values, dtype=torch.float32)
+    except Exception:
+
+        def as_tensor(values):
+            return values
+
+    values = [value for value, _ in rows]
+    return {
+        "rewards": as_tensor(values),
+        "scores": as_tensor(values),
+        "extra_logs": {name: as_tensor([logs[name] for _, logs in rows]) for name in names},
+    }
+
+
+# Refuse to start without the isolation this file promises (OpenRLHF loads it when the run starts).
+sandbox.require()
+
+
+def _cli(argv: Sequence[str]) -> int:
+    if len(argv) != 2:
+        print("usage: code_reward.py RESPONSE LABEL_JSON   (or pass this file to OpenRLHF as --reward.remote_url)")
+        return 2
+    value, logs = score(argv[0], argv[1])
+    print(json.dumps({"reward": value, **logs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_cli(sys.argv[1:]))
