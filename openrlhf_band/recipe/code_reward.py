@@ -9,13 +9,16 @@ no code, an unreadable label, a sandbox failure). `scores` are the same 0/1 (Ope
 reads them); the eval metrics `eval_<datasource>_pass1` and `eval_<datasource>_pass<n>` are then pass@1
 (mean over samples) and pass@n. extra_logs: `code_found`, `code_timeout`, `sandbox_error` (0/1 each).
 
-The program (rule): the response is the query without its prompt (special tokens such as `<|im_end|>`
-removed); the program is the content of its LAST fenced code block whose info string is empty or names
-Python (```python, ```py, ```python3; a block left open at the end of the response runs to the end);
-a response without any fence is the program as it stands. A HumanEval label carries the problem's
-prompt: when the program does not define the entry point it completes the prompt (prompt + program, the
-HumanEval convention); when it does, the prompt's import lines go before it (its signature may use
-`List` from typing).
+The program (rule): the response is the query without its prompt, chat tokens such as `<|im_end|>` removed,
+and end tokens that could be text (`</s>`, `<pad>`, `<eos>`) removed from its end only. The program is the
+content of its LAST non-empty fenced code block labelled Python (```python, ```py, ```python3, ```py3), else
+of its last non-empty unlabelled block (```), less the indentation of its opening fence (as inside a
+markdown list); a block left open at the end of the response runs to the end (a closing fence glued to its
+last line is dropped). A response without any fence is the program as it stands (leading blank lines
+removed, indentation kept). A HumanEval label carries the problem's prompt: a program that defines the entry
+point at top level follows the prompt (the prompt's imports and helpers, such as HumanEval/10's
+`is_palindrome`, stay available; its def replaces the stub); any other program continues the prompt (prompt
++ program, the HumanEval convention).
 
 Labels (JSON strings, `prepare-data --source code` writes them):
 - HumanEval: `{"test": "<code defining check(candidate)>", "entry_point": "f", "prompt": "<the problem>"}`;
@@ -54,27 +57,50 @@ MAX_PROGRAM_CHARS = 100_000
 MAX_LABEL_CHARS = 50_000_000  # APPS labels can hold megabytes of test input
 _FENCE_RE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*$", re.MULTILINE)
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
-_IMPORT_RE = re.compile(r"^(?:from\s+\S+\s+import\s+.+|import\s+.+)$", re.MULTILINE)
+
+
+_CHAT_TOKEN_RE = re.compile(r"<\|[^<>|\s]{1,48}\|>|<｜[^<>｜]{1,48}｜>")  # never Python: removed anywhere
+
+
+def _strip_trailing_special_tokens(text: str) -> str:
+    """Remove the special tokens decoding leaves in a response: chat tokens (`<|im_end|>`) anywhere, and the
+    ones that could be text (`</s>`, `<pad>`, `<eos>`) only at its end, where an HTML literal "</s>" is not."""
+    text = _CHAT_TOKEN_RE.sub("", text)
+    while True:
+        stripped = text.rstrip()
+        tail = [m for m in _SPECIAL_TOKEN_RE.finditer(stripped, max(0, len(stripped) - 64)) if m.end() == len(stripped)]
+        if not tail:
+            return stripped
+        text = stripped[: tail[0].start()]
 
 
 def extract_program(response: Any) -> str | None:
-    """The last Python (or unlabelled) fenced block of `response`, else the whole text when it has no fence."""
+    """The program in `response` (the rule in the module docstring); None when there is none."""
     if not isinstance(response, str):
         return None
-    text = _SPECIAL_TOKEN_RE.sub("", response)
+    text = _strip_trailing_special_tokens(response)
     fences = list(_FENCE_RE.finditer(text))
     if not fences:
-        program = text.strip()
+        # as it stands, leading blank lines aside: a raw HumanEval continuation starts indented
+        program = re.sub(r"\A(?:[ \t]*\n)+", "", text).rstrip()
     else:
         blocks, i = [], 0  # pair fences in order: opening (with its tag), closing
         while i < len(fences):
             opening = fences[i]
             closing = fences[i + 1] if i + 1 < len(fences) else None
             end = closing.start() if closing else len(text)
-            blocks.append((opening.group(1).lower(), text[opening.end() + 1 : end]))
+            # a fence inside a markdown list is indented: its lines lose that much indentation, no more (a
+            # fenced function body keeps the indentation that places it under the prompt's def)
+            indent = len(opening.group(0)) - len(opening.group(0).lstrip(" \t"))
+            lines = text[opening.end() + 1 : end].split("\n")
+            body = "\n".join(line[min(indent, len(line) - len(line.lstrip(" \t"))) :] for line in lines)
+            if body.strip():
+                blocks.append((opening.group(1).lower(), body.strip("\n")))
             i += 2
-        python = [body for tag, body in blocks if tag in _PYTHON_TAGS]
-        program = python[-1].strip("\n") if python else ""
+        labelled = [body for tag, body in blocks if tag in _PYTHON_TAGS and tag]
+        unlabelled = [body for tag, body in blocks if not tag]
+        program = labelled[-1] if labelled else unlabelled[-1] if unlabelled else ""
+        program = program.rstrip().removesuffix("```").rstrip()  # a closing fence glued to the last line
     if not program.strip() or len(program) > MAX_PROGRAM_CHARS:
         return None
     return program + "\n"
@@ -101,7 +127,7 @@ def parse_label(label: Any) -> tuple[dict | None, bool]:
             if isinstance(label.get("fn_name"), str) and label["fn_name"]:
                 tests["fn_name"] = label["fn_name"]
             return tests, accuracy
-    except (ValueError, TypeError):
+    except Exception:  # bad JSON, a label nested past the recursion limit, ...
         pass
     return None, False
 
@@ -112,10 +138,10 @@ def _program_for(program: str, tests: dict) -> tuple[str, dict]:
     entry = tests.get("entry_point")
     if prompt and entry:
         tests["setup"] = prompt  # trusted helpers the checks call (HumanEval/32's poly, /38's encode_cyclic)
-        if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", program, re.MULTILINE):
-            imports = "\n".join(_IMPORT_RE.findall(prompt))
-            program = f"{imports}\n{program}" if imports else program
-        else:
+        if re.search(rf"^def\s+{re.escape(entry)}\s*\(", program, re.MULTILINE):
+            # a whole function: after the prompt, whose imports and helpers it may use; its def replaces the stub
+            program = f"{prompt.rstrip()}\n\n\n{program}"
+        else:  # a continuation of the prompt's function body
             program = prompt + program
     return program, tests
 

@@ -15,9 +15,10 @@ long). Two isolation modes, chosen by `OPENRLHF_BAND_CODE_SANDBOX`:
   When the sample ends (or its wall time runs out and the parent kills it), the kernel kills every
   process left in its pid namespace.
 - `rlimits` (a weaker mode the user must name): the harness runs directly (as nobody when the parent is
-  root), with the same resource limits, an empty environment, its own temporary directory as working
-  directory, and a process group killed at the end. No filesystem, network or process isolation: a program can read and write what
-  the user can, connect anywhere, and outlive the sample if it leaves its session. For machines without
+  root), with the same resource limits, an empty environment and its own temporary directory as working
+  directory; it kills each program's session when the sample ends. No filesystem, network or process
+  isolation: a program can read and write what its user can, connect anywhere, and outlive the sample
+  if it leaves its session (a double fork and setsid). For machines without
   user namespaces whose operators accept that risk.
 
 `require()` checks once per process that the chosen mode works here (a known-good program must pass and

@@ -200,15 +200,13 @@ class Candidate:
     def __init__(self, request, limits):
         req_read, self.req_write = os.pipe()
         self.resp_read, resp_write = os.pipe()
-        self.proc = subprocess.Popen(
+        self.proc = start_program(
             [sys.executable, "-I", "-S", "-c", CANDIDATE_SOURCE, str(req_read), str(resp_write)],
+            limits,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # what the program prints is not read: it cannot speak for the checks
             stderr=subprocess.DEVNULL,
             pass_fds=(req_read, resp_write),
-            cwd=limits["workdir"],
-            env=limits["env"],
-            preexec_fn=lambda: apply_limits(limits),
         )
         os.close(req_read)
         os.close(resp_write)
@@ -249,6 +247,9 @@ class Candidate:
 
 
 # --------------------------------------------------------------------------------------------- limits
+STARTED = []  # every program process this harness started: their sessions are killed before it exits
+
+
 def kill_session(proc):
     """Kill a program and everything it started in its session (it is the session leader: pgid = pid)."""
     try:
@@ -256,6 +257,15 @@ def kill_session(proc):
     except OSError:
         pass
     proc.wait()
+
+
+def start_program(argv, limits, **popen):
+    """A program process in its own session, with the limits; recorded in STARTED before anything can stop us."""
+    proc = subprocess.Popen(
+        argv, cwd=limits["workdir"], env=limits["env"], preexec_fn=lambda: apply_limits(limits), **popen
+    )
+    STARTED.append(proc)
+    return proc
 
 
 def apply_limits(limits):
@@ -383,10 +393,9 @@ def run_io_tests(request, limits):
     for given, expected in zip(spec["inputs"], spec["outputs"]):
         given = given if isinstance(given, str) else "\n".join(map(str, given))
         expected = expected if isinstance(expected, str) else "\n".join(map(str, expected))
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", path],
+        proc = start_program(
+            [sys.executable, "-I", "-S", path], limits,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            cwd=limits["workdir"], env=limits["env"], preexec_fn=lambda: apply_limits(limits),
         )
         try:
             proc.stdin.write(given.encode())
@@ -439,6 +448,8 @@ def main():
         verdict["error"] = "failed: " + type(err).__name__
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        for proc in STARTED:  # a timeout can interrupt a test mid-way: its program is still running
+            kill_session(proc)
     sys.stdout.write(json.dumps(verdict) + "\n")
     sys.stdout.flush()
     os._exit(0)

@@ -34,6 +34,7 @@ BENCHMARKS = {
     "reward": "reward_bench",
     "authors-rule": "authors_rule_bench",
     "logprobs": "logprobs_bench",
+    "code-sandbox": "sandbox_bench",
 }
 
 
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         kernel_bench,
         logprobs_bench,
         reward_bench,
+        sandbox_bench,
     )
 
     for name, module, text in (
@@ -147,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("reward", reward_bench, "reward scoring throughput against the number of math-verify workers"),
         ("authors-rule", authors_rule_bench, "clip fractions: this band vs the authors' p > 1 - 1e-6 rule"),
         ("logprobs", logprobs_bench, "log-prob step: OpenRLHF's full logits vs the fused chunked lm_head"),
+        ("code-sandbox", sandbox_bench, "code reward: programs checked per second with and without the sandbox"),
     ):
         module.add_arguments(bench_sub.add_parser(name, help=text))
     p.set_defaults(func=_cmd_bench)

@@ -349,7 +349,8 @@ EARLY_EXITS = {
         "def f():\n    return Any()\n"
     ),
     "write to the harness's stdout": (
-        "import os\ndef f():\n    for path in ('/proc/1/fd/1', f'/proc/{os.getppid()}/fd/1', '/proc/self/fd/1'):\n        try:\n"
+        "import os\ndef f():\n"
+        "    for path in ('/proc/1/fd/1', f'/proc/{os.getppid()}/fd/1', '/proc/self/fd/1'):\n        try:\n"
         "            with open(path, 'w') as out:\n                out.write('{\"passed\": true}\\n')\n"
         "        except OSError:\n            pass\n    return 0\n"
     ),
@@ -391,3 +392,36 @@ def test_a_verdict_without_the_samples_nonce_is_not_believed(monkeypatch, printe
     monkeypatch.setattr(sandbox, "_command", lambda mode: ["/bin/sh", "-c", f"cat > /dev/null; echo '{printed}'"])
     verdict = _run("def f():\n    return 1\n")
     assert not verdict.passed and verdict.sandbox_error
+
+
+def _entry_function_only(problem: dict) -> str:
+    """The canonical entry-point function alone (no imports, no helpers): what a chat model often writes."""
+    import ast
+
+    source = problem["prompt"] + problem["canonical_solution"]
+    node = next(
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == problem["entry_point"]
+    )
+    return ast.get_source_segment(source, node)
+
+
+def test_every_canonical_solution_scores_1_through_the_reward_as_a_model_would_write_it():
+    """Through code_reward.reward_func with prepare-data's HumanEval labels: even problems answered with the
+    entry function alone in a fence (the prompt's imports and helpers supplied by the reward), odd ones
+    with the body alone (completing the prompt)."""
+    import importlib.util
+
+    path = Path(code_data.__file__).with_name("code_reward.py")
+    spec = importlib.util.spec_from_file_location("code_reward_file", path)
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    rows = [code_data.humaneval_row(p) for p in PROBLEMS]
+    answers = [
+        _entry_function_only(p) + "\n" if i % 2 == 0 else p["canonical_solution"] for i, p in enumerate(PROBLEMS)
+    ]
+    responses = [f"Here is the solution.\n```python\n{answer}```" for answer in answers]
+    out = reward.reward_func([r["prompt"] + resp for r, resp in zip(rows, responses)], [r["prompt"] for r in rows],
+                             [r["label"] for r in rows])  # fmt: skip
+    failed = [p["task_id"] for p, value in zip(PROBLEMS, out["rewards"].tolist()) if value != 1.0]
+    assert failed == []
+    assert out["extra_logs"]["sandbox_error"].sum().item() == 0
