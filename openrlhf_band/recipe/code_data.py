@@ -225,7 +225,6 @@ def build(
     manifest = {
         "task": "code",
         "keys": {"input_key": "prompt", "label_key": "label", "datasource_key": "datasource"},
-        "reward": "openrlhf_band/recipe/code_reward.py",
         "train": {"rows": len(train_rows), "sources": {k[6:]: v for k, v in stats.items() if k.startswith("train/")}},
         "eval": {"rows": len(eval_rows), "sources": {k[5:]: v for k, v in stats.items() if k.startswith("eval/")}},
     }
