@@ -71,7 +71,29 @@ SOURCES: dict[str, CodeSource] = {
 }
 DEFAULT_TRAIN = ("mbpp",)
 DEFAULT_EVAL = ("humaneval", "mbpp")
-_ASSERT_NAME = re.compile(r"assert\s+(?:not\s+)?\(?\s*(?:math\.isclose\(|set\()?\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_DEF_NAME = re.compile(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.MULTILINE)
+
+
+def entry_point(test: str, reference: str | None = None) -> str | None:
+    """The function an MBPP assert tests: the first function it calls that is not a builtin (`assert
+    abs(area(2) - 12.56) < 0.01` tests `area`), preferring one the reference solution defines."""
+    import ast
+    import builtins
+
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return None
+    called = [
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not hasattr(builtins, node.func.id)
+    ]
+    defined = set(_DEF_NAME.findall(reference or ""))
+    for name in called:
+        if name in defined:
+            return name
+    return called[0] if called else None
 
 
 def humaneval_problems() -> list[dict]:
@@ -97,11 +119,11 @@ def mbpp_row(row: dict, datasource: str, accuracy: bool) -> dict | None:
     text = row.get("text") or row.get("prompt")
     if not tests or not isinstance(text, str):
         return None
-    match = _ASSERT_NAME.search(tests[0])
-    if match is None:
+    entry = entry_point(tests[0], row.get("code") if isinstance(row.get("code"), str) else None)
+    if entry is None:
         return None
     setup = row.get("test_setup_code") or ""
-    label = {"test": (setup + "\n" if setup else "") + "\n".join(tests) + "\n", "entry_point": match.group(1)}
+    label = {"test": (setup + "\n" if setup else "") + "\n".join(tests) + "\n", "entry_point": entry}
     if accuracy:
         label["reward"] = "accuracy"
     # MBPP's prompt: the task and its tests (Austin et al. 2021, section 2.1)
@@ -142,7 +164,10 @@ def _load_split(name: str, split: str, overrides: dict[str, str], hub_ids: dict[
 
     source = SOURCES[name]
     if name in overrides:
-        loader, files = local_data_files(Path(overrides[name]).expanduser(), split)
+        try:
+            loader, files = local_data_files(Path(overrides[name]).expanduser(), split)
+        except SourceError as err:
+            raise SourceError(f"source '{name}': {err}") from None
         try:
             dataset = load_dataset(loader, data_files=files, split="train")
         except Exception as err:

@@ -75,6 +75,9 @@ def reward_file(task: str) -> str:
 
 def preflight(task: str) -> int:
     """Before a run: the code task's sandbox must work here (the same check its reward file makes on load)."""
+    if task not in TASKS:
+        print(f"error: unknown task {task!r}; valid tasks: {', '.join(TASKS)}", file=sys.stderr)
+        return 2
     if task != "code":
         return 0
     from openrlhf_band.recipe import sandbox
@@ -117,6 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME.KEY=VALUE",
         help="a task's config option, e.g. basic_arithmetic.max_terms=3 (VALUE read as JSON when it parses)",
     )
+    gym.add_argument(
+        "--allow-executing-scorers",
+        action="store_true",
+        help="allow tasks whose scorer runs the model's answer as Python (eval / sympy parse_expr), outside any "
+        "sandbox: " + ", ".join(__import__("openrlhf_band.recipe.gym_data", fromlist=["x"]).EXECUTING_SCORERS),
+    )
     parser.add_argument("--seed", type=int, default=0, help="generation / subsampling seed (default 0)")
     hub = parser.add_argument_group("code and mc")
     hub.add_argument("--train", help="training sources, comma-separated (code: mbpp; mc: commonsense_qa)")
@@ -154,12 +163,12 @@ def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
 def _refuse_foreign(args: argparse.Namespace, task: str) -> None:
     """A flag of another task is a mistake worth one line, not silence."""
     owners = {
-        "tasks": "reasoning-gym", "task_option": "reasoning-gym",
+        "tasks": "reasoning-gym", "task_option": "reasoning-gym", "allow_executing_scorers": "reasoning-gym",
         "train": ("code", "mc"), "eval": ("code", "mc"), "max_eval": ("mc",),
     }  # fmt: skip
     for attr, owner in owners.items():
         owner = (owner,) if isinstance(owner, str) else owner
-        if getattr(args, attr) not in (None, []) and task not in owner:
+        if getattr(args, attr) not in (None, [], False) and task not in owner:
             flag = "--" + attr.replace("_", "-")
             raise ValueError(f"{flag} is for --source {' / '.join(owner)}, not {task}")
 
@@ -183,8 +192,9 @@ def build(args: argparse.Namespace) -> tuple[str, list[dict], list[dict], dict]:
             raise ValueError("reasoning-gym generates its items: --source NAME=PATH and --hub-id do not apply")
         options = gym_data.parse_options(args.task_option)
         train, evals, manifest = gym_data.build(
-            gym_data.parse_tasks(args.tasks), args.size, args.eval_size, args.seed, options
-        )
+            gym_data.parse_tasks(args.tasks), args.size, args.eval_size, args.seed, options,
+            allow_executing_scorers=args.allow_executing_scorers,
+        )  # fmt: skip
     elif task == "code":
         from openrlhf_band.recipe import code_data
 
@@ -202,7 +212,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[dict], list[dict], dict]:
             args.max_eval,
             args.seed,
         )
-    manifest = {"task": task, "reward_file": TASKS[task].reward_module, **manifest}
+    manifest = {**manifest, "task": task, "reward_file": TASKS[task].reward_module}  # the registry's name wins
     return task, train, evals, manifest
 
 
