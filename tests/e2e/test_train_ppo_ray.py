@@ -289,9 +289,98 @@ def test_an_interrupted_run_stops_the_cluster_and_every_process(e2e_root, chi2_r
     assert run_processes("E2E_RUN_ID=e2e-") == []
 
 
-def test_no_process_of_any_run_is_left(chi2_run, kl_run, ppo_run, dcpo_resumed, unsynced_run, learning_run):
+def test_no_process_of_any_run_is_left(
+    chi2_run, kl_run, ppo_run, dcpo_resumed, unsynced_run, learning_run, gym_run, code_run
+):
     assert run_processes("E2E_RUN_ID=e2e-") == []
     assert run_processes("E2E_RUN_ID=learn-") == []  # learn.sh's runs
+    assert sandbox_processes() == []  # the code reward's (their environment is scrubbed: no E2E_RUN_ID)
+
+
+# --- tasks beyond math: reasoning-gym and code, each prepared by prepare-data and scored by its reward file ---
+TASK_RUN_ARGS = (
+    "--loss", "band", "--data.max_samples", "4", "--data.max_len", "1024",
+    "--eval.n_samples_per_prompt", "2", "--eval.steps", "1",
+)  # fmt: skip
+
+
+def prepare(out: Path, *args: str) -> Path:
+    """`openrlhf-band prepare-data ... --out OUT` (this interpreter's package, offline sources only)."""
+    from openrlhf_band.tools.cli import main as cli_main
+
+    assert cli_main(["prepare-data", *args, "--out", str(out)]) == 0
+    return out
+
+
+def task_run(e2e_root: Path, name: str, data: Path, task: str) -> Run:
+    from openrlhf_band.recipe.tasks import reward_file
+
+    return trained(
+        e2e_root / name, *TASK_RUN_ARGS, "--data.prompt_dataset", str(data / "train.jsonl"),
+        "--eval.dataset", str(data / "eval.jsonl"), "--reward.remote_url", reward_file(task),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def gym_run(e2e_root) -> Run:
+    data = prepare(
+        e2e_root / "gym-data", "--source", "reasoning-gym", "--tasks", "basic_arithmetic,chain_sum",
+        "--size", "4", "--eval-size", "1", "--seed", "0",
+    )  # fmt: skip
+    return task_run(e2e_root, "gym", data, "reasoning-gym")
+
+
+@pytest.fixture(scope="session")
+def code_run(e2e_root) -> Run:
+    fixtures = ROOT / "tests" / "fixtures" / "code"
+    data = prepare(
+        e2e_root / "code-data", "--source", "code", "--source", f"mbpp={fixtures / 'mbpp'}",
+        "--source", f"apps={fixtures / 'apps'}", "--train", "mbpp,apps", "--eval", "mbpp",
+    )  # fmt: skip
+    return task_run(e2e_root, "code", data, "code")
+
+
+EVAL_PASS_TAG = re.compile(r"^eval/eval_.+_pass\d+$")
+SANDBOX_MARKS = ("The test harness that runs inside the code sandbox", '_first["entry_point"]')
+
+
+def sandbox_processes() -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if any(mark in text for mark in SANDBOX_MARKS):
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def check_task_run(run: Run, logs: set[str], benchmarks: set[str]) -> dict[str, dict[int, float]]:
+    """One step trained with the band; the reward's extra logs at every step; the held-out eval logged."""
+    scalars = run.scalars()
+    check_band_metrics(run, [1])
+    missing = {name for name in logs if not scalars.get(f"train/{name}")}
+    assert not missing, (missing, sorted(scalars))
+    evals = {tag for tag in scalars if tag.startswith("eval/")}
+    assert {f"eval/eval_{b}_pass1" for b in benchmarks} <= evals, sorted(evals)
+    assert {f"eval/eval_{b}_pass2" for b in benchmarks} <= evals, sorted(evals)
+    for tag in (t for t in evals if EVAL_PASS_TAG.match(t)):
+        assert all(0.0 <= v <= 1.0 for v in scalars[tag].values()), (tag, scalars[tag])  # accuracy labels: 0/1
+    return scalars
+
+
+def test_a_reasoning_gym_task_trains_with_its_scorer(gym_run):
+    scalars = check_task_run(gym_run, {"answer_found", "score_timeout"}, {"basic_arithmetic", "chain_sum"})
+    assert all(v == 0.0 for v in scalars["train/score_timeout"].values())
+
+
+def test_code_trains_with_the_sandboxed_reward(code_run):
+    scalars = check_task_run(code_run, {"code_found", "code_timeout", "sandbox_error"}, {"mbpp"})
+    # every sample ran in a working sandbox (a broken one would score 0 silently: it is logged, and must be 0)
+    assert all(v == 0.0 for v in scalars["train/sandbox_error"].values()), scalars["train/sandbox_error"]
+    assert all(v == 1.0 for v in scalars["train/code_found"].values())  # no fence: the whole reply is the program
+    assert sandbox_processes() == []
 
 
 def _read(path: Path) -> str:
