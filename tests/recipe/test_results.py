@@ -235,7 +235,8 @@ def test_code_benchmarks_are_reported_as_pass_at_1_and_pass_at_n(tmp_path):
     """The code reward is 0/1 per program: the mean over the n samples is the pass@1 estimate, the max pass@n."""
     values = {"humaneval": ([0.25] * len(EVAL_STEPS), [0.5] * len(EVAL_STEPS))}
     values["aime24"] = ([0.5] * len(EVAL_STEPS), [1.0] * len(EVAL_STEPS))
-    benchmarks, summaries = results.summarize([results.load_run(_write_run(tmp_path, "code", band=True, eval_values=values))])
+    run = results.load_run(_write_run(tmp_path, "code", band=True, eval_values=values))
+    benchmarks, summaries = results.summarize([run])
     md = results.format_markdown(benchmarks, summaries)
     assert "| aime24 mean@4 | aime24 pass@4 | humaneval pass@1 | humaneval pass@4 |" in md
     assert results.column_labels("mbpp", "32") == ("pass@1", "pass@32")
