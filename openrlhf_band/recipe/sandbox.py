@@ -31,6 +31,7 @@ user may connect to stay reachable; the kernel is shared.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -64,7 +65,7 @@ class Limits:
     wall_s: float = 10.0
     cpu_s: int = 10
     memory_mb: int = 1024  # address space
-    processes: int = 32  # processes and threads of the namespace's uid (the harness counts too)
+    processes: int = 16  # processes and threads of the namespace's uid (the harness counts too)
     open_files: int = 64
     file_mb: int = 16  # largest file a program may write
     output_mb: int = 4  # stdout read per stdin/stdout case; more fails the case
@@ -140,20 +141,49 @@ def interpreter() -> str:
     """
     chosen = os.environ.get("OPENRLHF_BAND_CODE_PYTHON")
     if chosen:
-        return chosen
+        return os.path.realpath(chosen)
     if os.geteuid() != 0 or _others_may_run(sys.executable):
-        return sys.executable
+        return os.path.realpath(sys.executable)  # a venv's python is its base's: the venv's packages stay out
     for path in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if _others_may_run(path):
-            return path
+            return os.path.realpath(path)
     raise SandboxUnavailable(
         f"the sandbox runs as nobody, who cannot execute {sys.executable} nor /usr/bin/python3; "
         "set OPENRLHF_BAND_CODE_PYTHON to a Python 3 that every user may execute"
     )
 
 
-def _command(mode: str) -> list[str]:
-    harness = [interpreter(), "-I", "-S", "-c", HARNESS_SOURCE]
+_PREFIXES: dict[str, list[str]] = {}
+
+
+def interpreter_prefixes(python: str) -> list[str]:
+    """The directories `python` needs (its prefix and base prefix, real paths): bound into the sandbox's root."""
+    if python not in _PREFIXES:
+        done = subprocess.run(
+            [python, "-I", "-S", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
+            capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SandboxUnavailable(f"{python} does not run: {done.stderr.strip()[-200:]}")
+        prefixes = {os.path.realpath(line) for line in done.stdout.split()}
+        _PREFIXES[python] = sorted(prefixes | {os.path.dirname(os.path.dirname(python))})
+    return _PREFIXES[python]
+
+
+_SAMPLES = itertools.count()
+
+
+def sample_tag() -> str:
+    """A new sample's tag, on the command line of its harness and programs: `openrlhf-band-sandbox-PID-N`, PID
+    this process (so a test can find the processes of its own sandboxes). Not a secret (the nonce is)."""
+    return f"{TAG_PREFIX}{os.getpid()}-{next(_SAMPLES)}"
+
+
+TAG_PREFIX = "openrlhf-band-sandbox-"
+
+
+def _command(mode: str, tag: str = "") -> list[str]:
+    harness = [interpreter(), "-I", "-S", "-c", HARNESS_SOURCE, tag]
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if (mode == "namespaces" and unshare is None) or (os.geteuid() == 0 and setpriv is None):
         raise SandboxUnavailable(
@@ -202,7 +232,7 @@ def run_tests(
             "kind": kind,
             "limits": limits.for_harness(),
             "isolate": mode == "namespaces",
-            "home": os.path.expanduser("~"),
+            "prefixes": interpreter_prefixes(interpreter()) if mode == "namespaces" else [],
             "nonce": secrets.token_hex(16),  # the verdict must echo it: the program never sees it
         }
         if kind == "call" and not request["entry_point"]:
@@ -214,7 +244,7 @@ def run_tests(
             request["workdir"] = workdir
         payload = json.dumps(request).encode()
         proc = subprocess.Popen(
-            _command(mode),
+            _command(mode, sample_tag()),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -249,8 +279,8 @@ def run_tests(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-# a program that must pass; in namespaces mode it also checks that the root mount is read-only (it only
-# tries to create a file there inside the sandbox)
+# a program that must pass; in namespaces mode it also checks that the root is read-only (it only tries to
+# create a file there inside the sandbox; the harness itself fails the sample if any mount is writable)
 _PROBE_PROGRAM = """
 import os
 def probe(readonly_root):
@@ -289,8 +319,6 @@ def require(mode: str | None = None, limits: Limits | None = None) -> str:
             problem = None
             if not verdict.passed:
                 problem = verdict.error or "the probe program did not pass"
-            elif mode == "namespaces" and "/" in verdict.details.get("not_readonly", []):
-                problem = "the root filesystem could not be made read-only inside the sandbox"
             _PROBED[mode] = problem
         problem = _PROBED[mode]
     if problem is not None:
@@ -305,5 +333,5 @@ def describe(limits: Limits | None = None, mode: str | None = None) -> dict:
         "mode": mode,
         "limits": asdict(limits or Limits()),
         "python": interpreter(),
-        "runs_as_nobody": mode == "namespaces" and os.geteuid() == 0,
+        "runs_as_nobody": os.geteuid() == 0,
     }

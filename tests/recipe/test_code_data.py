@@ -61,7 +61,11 @@ def _label(row: dict) -> dict:
     return json.loads(row["label"])
 
 
-def _mbpp_prompt(row: dict) -> str:
+def _mbpp_prompt(row: dict, train: bool = False) -> str:
+    """MBPP's prompt as reported (eval: the three asserts shown); a training prompt shows the first assert only."""
+    if train:
+        shown = row["test_list"][0]
+        return code_data.CODE_INSTRUCTION + row["text"] + "\nYour code should pass tests such as:\n\n" + shown
     tests = "\n".join(row["test_list"])
     return code_data.CODE_INSTRUCTION + row["text"] + "\nYour code should pass these tests:\n\n" + tests
 
@@ -116,7 +120,7 @@ def test_build_rows_exactly_in_order(built):
         ("mbpp", "add"), ("mbpp", "reverse"), ("mbpp", "max_of"), ("mbpp", "square"), ("apps", None),
         ("apps", "sort_desc"),
     ]  # fmt: skip
-    assert [r["prompt"] for r in train[:4]] == [_mbpp_prompt(MBPP_TRAIN[i]) for i in (601, 602, 603, 604)]
+    assert [r["prompt"] for r in train[:4]] == [_mbpp_prompt(MBPP_TRAIN[i], train=True) for i in (601, 602, 603, 604)]
     assert [(r["datasource"], _label(r).get("entry_point")) for r in evals] == [
         ("mbpp", "multiply"), ("mbpp", "vowels"), ("mbpp", "is_even"), ("apps", None),
     ]  # fmt: skip
@@ -286,7 +290,7 @@ def test_reference_solutions_score_1_and_wrong_ones_0(built, code_reward):
     cases = []  # (row, response, expected reward)
     for row, source in zip(train + evals, sources, strict=True):
         if row["datasource"] == "mbpp":
-            assert row["prompt"] == _mbpp_prompt(source)
+            assert row["prompt"] == _mbpp_prompt(source, train="reward" not in _label(row))
             stub = f"def {_label(row)['entry_point']}(*args):\n    return None"
             cases += [(row, _fenced(source["code"]), 1.0), (row, _fenced(stub), 0.0)]
         else:
@@ -387,3 +391,15 @@ def test_hub_sources_are_read_with_their_config_and_split(monkeypatch):
     assert calls == [("someone/mbpp-copy", "full", "test"), ("someone/mbpp-copy", "full", "train")]
     assert len(train) == 4 and len(evals) == 3
     assert manifest["train"]["sources"]["mbpp"]["origin"] == "hub:someone/mbpp-copy"
+
+
+def test_a_training_row_shows_one_assert_and_checks_all_and_the_challenge_tests():
+    row = {"text": "Write a function to double a number.", "code": "def double(x):\n    return 2 * x",
+           "test_list": ["assert double(1) == 2", "assert double(0) == 0", "assert double(-3) == -6"],
+           "challenge_test_list": ["assert double(10**20) == 2 * 10**20"], "test_setup_code": ""}  # fmt: skip
+    train = code_data.mbpp_row(row, "mbpp", accuracy=False)
+    evals = code_data.mbpp_row(row, "mbpp", accuracy=True)
+    assert "double(1) == 2" in train["prompt"] and "double(0)" not in train["prompt"]
+    assert json.loads(train["label"])["test"] == "\n".join(row["test_list"] + row["challenge_test_list"]) + "\n"
+    assert all(t in evals["prompt"] for t in row["test_list"])  # MBPP as reported
+    assert json.loads(evals["label"])["test"] == "\n".join(row["test_list"]) + "\n"

@@ -483,31 +483,44 @@ def _concurrently(calls):
     return outs, time.monotonic() - start
 
 
-def test_workers_bound_the_concurrent_sandboxes(monkeypatch):
-    calls = [([SLEEP], [""], [SLEEP_LABEL])] * 2  # two OpenRLHF worker threads, one sample each
-    monkeypatch.setenv("OPENRLHF_BAND_CODE_WORKERS", "1")
+def _sandbox_intervals(monkeypatch) -> list[tuple[float, float]]:
+    """Record when each sandbox run starts and ends (the real run in between)."""
+    intervals, real = [], sandbox.run_tests
+
+    def recording(*args, **kwargs):
+        start = time.monotonic()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            intervals.append((start, time.monotonic()))
+
+    monkeypatch.setattr(code_reward.sandbox, "run_tests", recording)
+    return intervals
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_bound_the_concurrent_sandboxes(monkeypatch, workers):
+    """With one worker the two samples' sandboxes never overlap; with two they run at once (each sleeps 1 s, so
+    two that both start at once overlap whatever the machine's load)."""
+    monkeypatch.setenv("OPENRLHF_BAND_CODE_WORKERS", str(workers))
     monkeypatch.setattr(code_reward, "_SLOTS", None)  # the slots are made once per process, from the env
-    outs, seconds = _concurrently(calls)
+    intervals = _sandbox_intervals(monkeypatch)
+    calls = [([SLEEP], [""], [SLEEP_LABEL])] * 2  # two OpenRLHF worker threads, one sample each
+    outs, _ = _concurrently(calls)
     assert [out["rewards"].tolist() for out in outs] == [[1.0], [1.0]]
-    assert seconds >= 2.0, f"two 1 s programs took {seconds:.2f} s with one worker"
-    monkeypatch.setenv("OPENRLHF_BAND_CODE_WORKERS", "2")
-    monkeypatch.setattr(code_reward, "_SLOTS", None)
-    outs, seconds = _concurrently(calls)
-    assert [out["rewards"].tolist() for out in outs] == [[1.0], [1.0]]
-    assert seconds < 2.0, f"two 1 s programs took {seconds:.2f} s with two workers"
+    (start_a, end_a), (start_b, end_b) = sorted(intervals)
+    assert (start_b < end_a) == (workers == 2), intervals
 
 
 def test_waiting_too_long_for_a_slot_is_a_timeout(monkeypatch):
-    monkeypatch.setenv("OPENRLHF_BAND_CODE_WORKERS", "1")
     monkeypatch.setenv("OPENRLHF_BAND_CODE_ACQUIRE_TIMEOUT", "0.2")
-    monkeypatch.setattr(code_reward, "_SLOTS", None)
-    holder = threading.Thread(target=code_reward.reward_func, args=([SLEEP], [""], [SLEEP_LABEL]))
-    holder.start()
-    time.sleep(0.3)  # the holder has the only slot for about a second
+    slots = threading.BoundedSemaphore(1)
+    monkeypatch.setattr(code_reward, "_SLOTS", slots)
+    assert slots.acquire(timeout=1)  # another sample holds the only slot
     out, seconds = _in_thread(code_reward.reward_func, [_fenced(ADD)], [""], [MBPP_LABEL])
-    holder.join(30)
-    assert seconds < 0.8
     assert out["rewards"].tolist() == [0.0] and out["extra_logs"]["code_timeout"].tolist() == [1.0]
+    assert seconds >= 0.2
+    slots.release()
     assert _one(_fenced(ADD), MBPP_LABEL)[:2] == (1.0, 1.0)  # the slot is free again
 
 

