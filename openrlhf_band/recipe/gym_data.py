@@ -212,8 +212,8 @@ def parse_options(values: list[str] | None) -> dict[str, dict]:
         name, dot, key = target.strip().partition(".")
         name, key = name.strip(), key.strip()
         if not sep or not dot or not name or not key:
-            raise GymDataError(f"--option {value!r}: expected NAME.KEY=VALUE, e.g. basic_arithmetic.max_terms=3")
-        context = f"--option {value!r}"
+            raise GymDataError(f"--task-option {value!r}: expected NAME.KEY=VALUE, e.g. basic_arithmetic.max_terms=3")
+        context = f"--task-option {value!r}"
         _check_task(name, context)
         _check_option_key(name, key, context)
         if key in options.get(name, {}):

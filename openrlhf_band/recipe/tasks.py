@@ -95,6 +95,7 @@ def preflight(task: str) -> int:
 
 # --------------------------------------------------------------------------------------------- prepare-data
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from openrlhf_band.recipe.gym_data import EXECUTING_SCORERS  # a constant: gym_data imports reasoning-gym lazily
     parser.add_argument("--out", required=True, help="directory for train.jsonl, eval.jsonl and manifest.json")
     parser.add_argument(
         "--source",
@@ -124,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-executing-scorers",
         action="store_true",
         help="allow tasks whose scorer runs the model's answer as Python (eval / sympy parse_expr), outside any "
-        "sandbox: " + ", ".join(__import__("openrlhf_band.recipe.gym_data", fromlist=["x"]).EXECUTING_SCORERS),
+        "sandbox: " + ", ".join(EXECUTING_SCORERS),
     )
     parser.add_argument("--seed", type=int, default=0, help="generation / subsampling seed (default 0)")
     hub = parser.add_argument_group("code and mc")
