@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openrlhf_band.recipe.reward import _SPECIAL_TOKEN_RE, _response_text
+from openrlhf_band.recipe.reward_io import align, as_output
 from openrlhf_band.recipe.text import last_boxed
 
 __all__ = ["SEARCH_WINDOW", "extract_choice", "parse_label", "reward_func"]
@@ -178,34 +179,13 @@ def _score_one(query: Any, prompt: Any, label: Any) -> tuple[float, float, float
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: +1/-1 (or 0/1 for accuracy labels) rewards, 0/1 scores. Never raises."""
+    queries, prompts, labels = align(queries, prompts, labels)
     try:
-        if isinstance(queries, str):
-            queries, prompts, labels = [queries], [prompts], [labels]
-        queries = list(queries) if queries is not None else []
-        n = len(queries)
-        prompts = list(prompts) if isinstance(prompts, (list, tuple)) else []
-        labels = list(labels) if isinstance(labels, (list, tuple)) else []
-        prompts = (prompts + [None] * n)[:n]
-        labels = (labels + [None] * n)[:n]
         rows = [_score_one(q, p, lab) for q, p, lab in zip(queries, prompts, labels)]
-    except Exception:
-        rows = []
+    except Exception:  # _score_one does not raise; one row per sample whatever happens
+        rows = [(0.0, 0.0, 0.0)] * len(queries)
     columns = [list(column) for column in zip(*rows)] if rows else [[], [], []]
-    try:
-        import torch
-
-        def as_tensor(values):
-            return torch.tensor(values, dtype=torch.float32)
-    except Exception:
-
-        def as_tensor(values):
-            return values
-
-    return {
-        "rewards": as_tensor(columns[0]),
-        "scores": as_tensor(columns[1]),
-        "extra_logs": {"answer_found": as_tensor(columns[2])},
-    }
+    return as_output(columns[0], columns[1], {"answer_found": columns[2]})
 
 
 def _cli(argv: Sequence[str]) -> int:

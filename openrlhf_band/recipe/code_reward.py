@@ -50,6 +50,7 @@ from typing import Any
 
 from openrlhf_band.recipe import sandbox
 from openrlhf_band.recipe.reward import _SPECIAL_TOKEN_RE, _response_text
+from openrlhf_band.recipe.reward_io import align, as_output, map_samples
 
 __all__ = ["extract_program", "parse_label", "reward_func", "score"]
 
@@ -198,41 +199,15 @@ def score(response: Any, label: Any) -> tuple[float, dict]:
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: 1 when every test passes, else 0; scores the same. Never raises."""
-    n = 0
+    queries, prompts, labels = align(queries, prompts, labels)
     try:
-        if isinstance(queries, str):
-            queries, prompts, labels = [queries], [prompts], [labels]
-        queries = list(queries) if queries is not None else []
-        n = len(queries)
-        prompts = ((list(prompts) if prompts is not None else []) + [None] * n)[:n]
-        labels = ((list(labels) if labels is not None else []) + [None] * n)[:n]
         responses = [_response_text(q, p) for q, p in zip(queries, prompts)]
-        if n <= 1:
-            rows = [score(r, lab) for r, lab in zip(responses, labels)]
-        else:  # a batch: as many sandboxes at once as there are slots
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=min(n, _workers())) as executor:
-                rows = list(executor.map(lambda args: score(*args), zip(responses, labels)))
+        rows = map_samples(score, list(zip(responses, labels)), _workers())  # as many sandboxes at once as slots
     except Exception:  # whatever failed, one row per sample: 0, counted as a sandbox error
-        rows = [(0.0, {"code_found": 0.0, "code_timeout": 0.0, "sandbox_error": 1.0})] * n
-    names = ("code_found", "code_timeout", "sandbox_error")
-    try:
-        import torch
-
-        def as_tensor(values):
-            return torch.tensor(values, dtype=torch.float32)
-    except Exception:
-
-        def as_tensor(values):
-            return values
-
+        rows = [(0.0, {"code_found": 0.0, "code_timeout": 0.0, "sandbox_error": 1.0})] * len(queries)
     values = [value for value, _ in rows]
-    return {
-        "rewards": as_tensor(values),
-        "scores": as_tensor(values),
-        "extra_logs": {name: as_tensor([logs[name] for _, logs in rows]) for name in names},
-    }
+    names = ("code_found", "code_timeout", "sandbox_error")
+    return as_output(values, values, {name: [logs[name] for _, logs in rows] for name in names})
 
 
 # Refuse to start without the isolation this file promises (OpenRLHF loads it when the run starts).

@@ -65,6 +65,7 @@ from typing import Any
 
 from openrlhf_band.recipe.gym_data import ACCURACY_MODE, decode_json
 from openrlhf_band.recipe.reward import _SPECIAL_TOKEN_RE, _response_text
+from openrlhf_band.recipe.reward_io import align, as_output, map_samples
 
 __all__ = ["extract_answer", "reward_func", "warmup"]
 
@@ -406,38 +407,12 @@ def _score_one(query: Any, prompt: Any, label: Any, timeout: float) -> tuple[flo
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: rewards 2*score-1 (or the score, for accuracy labels), scores in [0, 1],
     each a float32 Tensor[B]; extra_logs answer_found and score_timeout, Tensor[B]. Never raises."""
+    queries, prompts, labels = align(queries, prompts, labels)
     try:
-        if isinstance(queries, str):
-            queries, prompts, labels = [queries], [prompts], [labels]
-        queries = list(queries) if queries is not None else []
-        prompts = list(prompts) if prompts is not None else []
-        labels = list(labels) if labels is not None else []
-        n = len(queries)
-        prompts = (prompts + [None] * n)[:n]
-        labels = (labels + [None] * n)[:n]
         timeout = _env_float("OPENRLHF_BAND_GYM_REWARD_TIMEOUT", DEFAULT_TIMEOUT)
-        if n <= 1:
-            rows = [_score_one(q, p, lab, timeout) for q, p, lab in zip(queries, prompts, labels)]
-        else:  # a batch: score the samples concurrently on the pool
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=min(n, _pool_size())) as executor:
-                rows = list(executor.map(lambda args: _score_one(*args, timeout), zip(queries, prompts, labels)))
-    except Exception:
-        rows = []
+        samples = [(q, p, lab, timeout) for q, p, lab in zip(queries, prompts, labels)]
+        rows = map_samples(_score_one, samples, _pool_size())  # a batch: scored concurrently on the pool
+    except Exception:  # one row per sample whatever happens: no answer, score 0
+        rows = [(0.0, 0.0, 0.0, 0.0)] * len(queries)
     columns = [list(column) for column in zip(*rows)] if rows else [[], [], [], []]
-    try:
-        import torch
-
-        def as_tensor(values):
-            return torch.tensor(values, dtype=torch.float32)
-    except Exception:
-
-        def as_tensor(values):
-            return values
-
-    return {
-        "rewards": as_tensor(columns[0]),
-        "scores": as_tensor(columns[1]),
-        "extra_logs": {"answer_found": as_tensor(columns[2]), "score_timeout": as_tensor(columns[3])},
-    }
+    return as_output(columns[0], columns[1], {"answer_found": columns[2], "score_timeout": columns[3]})

@@ -1,0 +1,64 @@
+"""What every reward file of the recipe shares: OpenRLHF's batch in, its tensors out.
+
+OpenRLHF 0.11.2 calls `reward_func(queries, prompts, labels)` (usually one sample per call, from a worker
+thread) and reads `{"rewards": Tensor[B], "scores": Tensor[B], "extra_logs": {name: Tensor[B]}}`, float32.
+A reward file must never raise, so both halves accept anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["align", "as_output", "map_samples"]
+
+
+def _as_list(values: Any) -> list:
+    if values is None or isinstance(values, (str, bytes, dict)):
+        return []
+    try:
+        return list(values)
+    except TypeError:
+        return []
+
+
+def align(queries: Any, prompts: Any, labels: Any) -> tuple[list, list, list]:
+    """(queries, prompts, labels) as lists of the queries' length B: a str query is a batch of one; prompts and
+    labels are padded with None or cut to B; anything that is not a sequence reads as empty. Never raises."""
+    if isinstance(queries, str):
+        queries, prompts, labels = [queries], [prompts], [labels]
+    queries = _as_list(queries)
+    n = len(queries)
+    prompts = (_as_list(prompts) + [None] * n)[:n]
+    labels = (_as_list(labels) + [None] * n)[:n]
+    return queries, prompts, labels
+
+
+def map_samples(score_one, samples: Sequence[tuple], workers: int) -> list:
+    """[score_one(*sample)] in order; a batch runs on up to `workers` threads (each sample's work is bounded in
+    time by the reward itself)."""
+    if len(samples) <= 1 or workers <= 1:
+        return [score_one(*sample) for sample in samples]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(samples), workers)) as executor:
+        return list(executor.map(lambda sample: score_one(*sample), samples))
+
+
+def as_output(rewards: Sequence[float], scores: Sequence[float], extra_logs: dict[str, Sequence[float]]) -> dict:
+    """OpenRLHF's reward dict, float32 tensors of shape [B] (plain lists if torch cannot be imported)."""
+    try:
+        import torch
+
+        def as_tensor(values):
+            return torch.tensor(list(values), dtype=torch.float32)
+    except Exception:
+
+        def as_tensor(values):
+            return list(values)
+
+    return {
+        "rewards": as_tensor(rewards),
+        "scores": as_tensor(scores),
+        "extra_logs": {name: as_tensor(values) for name, values in extra_logs.items()},
+    }
