@@ -75,13 +75,14 @@ from openrlhf_band.recipe.data import (
     INPUT_KEY,
     LABEL_KEY,
     SourceError,
-    _first_line,
     _how_to_override,
     _hub_offline,
     _iter_rows,
     _Unreachable,
     local_data_files,
     probe_hub,
+    read_hub,
+    read_local,
 )
 
 __all__ = [
@@ -320,27 +321,13 @@ def _resolve(
 
 def _load(entry: _Resolved, needed: list[str], overrides: dict[str, str]):
     """The split's rows as a `datasets.Dataset`."""
-    from datasets import load_dataset
-
     if entry.local is not None:
-        loader, files = entry.local
-        try:
-            return load_dataset(loader, data_files=files, split="train")
-        except Exception as err:
-            raise SourceError(f"source '{entry.name}': cannot read {entry.origin} ({_first_line(err)})") from None
+        return read_local(entry.name, entry.origin, entry.local)
     hub_id = entry.origin.removeprefix("hub:")
-    try:
-        return load_dataset(hub_id, entry.source.config, split=entry.split)
-    except ConnectionError as err:  # offline without a cached copy, or the network went away
-        reason = _first_line(err)
-        if _hub_offline():
-            reason = f"HF_HUB_OFFLINE is set and there is no cached copy; {reason}"
-        raise SourceError(_unreachable_message(entry.name, hub_id, reason, needed, overrides)) from None
-    except Exception as err:
-        what = f"{hub_id}, config {entry.source.config}" if entry.source.config else hub_id
-        raise SourceError(
-            f"source '{entry.name}' ({what}, split {entry.split}): loading failed ({_first_line(err)})"
-        ) from None
+    def unreachable(reason: str) -> str:
+        return _unreachable_message(entry.name, hub_id, reason, needed, overrides)
+
+    return read_hub(entry.name, hub_id, entry.source.config, entry.split, unreachable, where=f", split {entry.split}")
 
 
 def _rows(entry: _Resolved, dataset, stats: dict) -> Iterator[tuple[str, list[tuple[str, str]], str]]:

@@ -44,6 +44,7 @@ from openrlhf_band.recipe.data import (
     dedup_key,
     local_data_files,
     probe_hub,
+    read_local,
 )
 
 CODE_INSTRUCTION = (
@@ -176,10 +177,7 @@ def _load_split(name: str, split: str, overrides: dict[str, str], hub_ids: dict[
             loader, files = local_data_files(Path(overrides[name]).expanduser(), split)
         except SourceError as err:
             raise SourceError(f"source '{name}': {err}") from None
-        try:
-            dataset = load_dataset(loader, data_files=files, split="train")
-        except Exception as err:
-            raise SourceError(f"source '{name}': cannot read {overrides[name]} ({_first_line(err)})") from None
+        dataset = read_local(name, overrides[name], (loader, files))
     else:
         hub_id = hub_ids.get(name, source.hub_id)
         how = f"pass a local copy with --source {name}=PATH (a JSON/JSONL/parquet file or a directory of them)"

@@ -278,29 +278,48 @@ def _unreachable_message(name: str, hub_id: str, reason: str, overrides: dict[st
     )
 
 
+def read_local(name: str, origin: str, local: tuple[str, list[str]]):
+    """A local copy's rows as a `datasets.Dataset` (`local` from local_data_files); one-line SourceError."""
+    from datasets import load_dataset
+
+    loader, files = local
+    try:
+        return load_dataset(loader, data_files=files, split="train")
+    except Exception as err:
+        raise SourceError(f"source '{name}': cannot read {origin} ({_first_line(err)})") from None
+
+
+def read_hub(name: str, hub_id: str, config: str | None, split: str, unreachable, where: str = ""):
+    """A hub split's rows as a `datasets.Dataset`; one-line SourceError. `unreachable(reason)` words the message
+    when the hub cannot be reached; `where` is added after the repository in any other failure (", split x")."""
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(hub_id, config, split=split)
+    except ConnectionError as err:  # offline without a cached copy, or the network went away
+        reason = _first_line(err)
+        if _hub_offline():
+            reason = f"HF_HUB_OFFLINE is set and there is no cached copy; {reason}"
+        raise SourceError(unreachable(reason)) from None
+    except Exception as err:
+        what = f"{hub_id}, config {config}" if config else hub_id
+        raise SourceError(f"source '{name}' ({what}{where}): loading failed ({_first_line(err)})") from None
+
+
 def load_source(entry: Resolved, overrides: dict[str, str]):
     """The source's rows as a `datasets.Dataset`."""
-    from datasets import concatenate_datasets, load_dataset
+    from datasets import concatenate_datasets
 
     if entry.local is not None:
-        loader, files = entry.local
-        try:
-            return load_dataset(loader, data_files=files, split="train")
-        except Exception as err:
-            raise SourceError(f"source '{entry.name}': cannot read {entry.origin} ({_first_line(err)})") from None
+        return read_local(entry.name, entry.origin, entry.local)
     hub_id = entry.origin.removeprefix("hub:")
-    parts = []
-    for config in entry.source.configs:
-        try:
-            parts.append(load_dataset(hub_id, config, split=entry.source.split))
-        except ConnectionError as err:  # offline without a cached copy, or the network went away
-            reason = _first_line(err)
-            if _hub_offline():
-                reason = f"HF_HUB_OFFLINE is set and there is no cached copy; {reason}"
-            raise SourceError(_unreachable_message(entry.name, hub_id, reason, overrides)) from None
-        except Exception as err:
-            what = f"{hub_id}, config {config}" if config else hub_id
-            raise SourceError(f"source '{entry.name}' ({what}): loading failed ({_first_line(err)})") from None
+    parts = [
+        read_hub(
+            entry.name, hub_id, config, entry.source.split,
+            lambda reason: _unreachable_message(entry.name, hub_id, reason, overrides),
+        )  # fmt: skip
+        for config in entry.source.configs
+    ]
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 

@@ -307,7 +307,8 @@ def test_offline_without_a_cached_copy_is_one_line(monkeypatch):
     def no_cache(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'tau/commonsense_qa' on the Hub (LocalEntryNotFoundError)\nmore")
 
-    monkeypatch.setattr(choice_data, "_hub_offline", lambda: True)
+    monkeypatch.setattr(choice_data, "_hub_offline", lambda: True)  # the probe is skipped
+    monkeypatch.setattr(data, "_hub_offline", lambda: True)  # read_hub words the missing cache
     monkeypatch.setattr(datasets, "load_dataset", no_cache)
     with pytest.raises(SourceError) as info:
         choice_data.build({}, {}, [], ["commonsense_qa"])
