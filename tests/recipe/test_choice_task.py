@@ -13,13 +13,13 @@ values are written out by hand. No network: the hub is replaced by monkeypatched
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from reward_files import in_thread, load_reward_file
 
 from openrlhf_band.recipe import choice_data, data
 from openrlhf_band.recipe.choice_data import SourceError
@@ -31,15 +31,7 @@ BOTH = ["commonsense_qa", "mmlu"]
 REWARD_PATH = REPO / "openrlhf_band" / "recipe" / "choice_reward.py"
 
 
-def _load_reward(name: str = "reward_func"):
-    # exactly OpenRLHF 0.11.2's SingleTurnAgentExecutor: a standalone file, not a package import
-    spec = importlib.util.spec_from_file_location(name, REWARD_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-reward = _load_reward()
+reward = load_reward_file(REWARD_PATH)
 
 
 def _question(prompt: str) -> str:
@@ -508,19 +500,7 @@ def test_huge_responses_are_bounded_in_time():
 
 
 def _in_thread(fn, *args):
-    box = {}
-
-    def run():
-        try:
-            box["result"] = fn(*args)
-        except BaseException as err:  # reported below
-            box["error"] = err
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive() and "error" not in box, box.get("error")
-    return box["result"]
+    return in_thread(fn, *args)[0]
 
 
 def test_called_from_non_main_threads():

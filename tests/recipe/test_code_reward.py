@@ -13,7 +13,6 @@ tiny program (~0.1 s each).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reward_files import in_thread, load_reward_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE_REWARD_PATH = ROOT / "openrlhf_band" / "recipe" / "code_reward.py"
@@ -33,11 +33,7 @@ LOG_NAMES = {"code_found", "code_timeout", "sandbox_error"}
 
 
 def _load(name="reward_func"):
-    # exactly OpenRLHF 0.11.2's SingleTurnAgentExecutor: a standalone file, not a package import
-    spec = importlib.util.spec_from_file_location(name, CODE_REWARD_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reward_file(CODE_REWARD_PATH, name)
 
 
 code_reward = _load()
@@ -56,26 +52,6 @@ def _one(response, label, prompt=""):
     """(reward, score, extra_logs) of one sample, its query being prompt + response."""
     out = code_reward.reward_func([prompt + response], [prompt], [label])
     return out["rewards"].item(), out["scores"].item(), {k: v.item() for k, v in out["extra_logs"].items()}
-
-
-def _in_thread(fn, *args):
-    """fn(*args) in a fresh non-main thread: (result, wall seconds)."""
-    box = {}
-
-    def run():
-        start = time.monotonic()
-        try:
-            box["result"] = fn(*args)
-        except BaseException as err:  # reported by the caller
-            box["error"] = err
-        box["seconds"] = time.monotonic() - start
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive(), "reward_func did not return within 60 s"
-    assert "error" not in box, f"reward_func raised {box.get('error')!r}"
-    return box["result"], box["seconds"]
 
 
 def _assert_contract(out, batch):
@@ -429,7 +405,8 @@ def test_openrlhf_calls_it_from_a_worker_thread():
 
 
 def test_called_from_a_non_main_thread():
-    out, _ = _in_thread(code_reward.reward_func, [_fenced(SUM), _fenced(HE_BODY)], ["", ""], [SUM_LABEL, HE_LABEL])
+    responses, labels = [_fenced(SUM), _fenced(HE_BODY)], [SUM_LABEL, HE_LABEL]
+    out, _ = in_thread(code_reward.reward_func, responses, ["", ""], labels, timeout=60)
     _assert_contract(out, 2)
     assert out["rewards"].tolist() == [1.0, 1.0]
 
@@ -452,7 +429,7 @@ TIMEOUT_MARGIN_S = 1.0
 )
 def test_an_infinite_loop_times_out(monkeypatch, response, label):
     monkeypatch.setenv("OPENRLHF_BAND_CODE_TIMEOUT", str(TIMEOUT_S))
-    out, seconds = _in_thread(code_reward.reward_func, [_fenced(response)], [""], [label])
+    out, seconds = in_thread(code_reward.reward_func, [_fenced(response)], [""], [label], timeout=60)
     assert TIMEOUT_S <= seconds < TIMEOUT_S + sandbox.GRACE_S + TIMEOUT_MARGIN_S, f"{seconds:.2f} s"
     _assert_contract(out, 1)
     assert out["rewards"].tolist() == [0.0]
@@ -517,7 +494,7 @@ def test_waiting_too_long_for_a_slot_is_a_timeout(monkeypatch):
     slots = threading.BoundedSemaphore(1)
     monkeypatch.setattr(code_reward, "_SLOTS", slots)
     assert slots.acquire(timeout=1)  # another sample holds the only slot
-    out, seconds = _in_thread(code_reward.reward_func, [_fenced(ADD)], [""], [MBPP_LABEL])
+    out, seconds = in_thread(code_reward.reward_func, [_fenced(ADD)], [""], [MBPP_LABEL], timeout=60)
     assert out["rewards"].tolist() == [0.0] and out["extra_logs"]["code_timeout"].tolist() == [1.0]
     assert seconds >= 0.2
     slots.release()

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import json
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import reasoning_gym
 import torch
 from reasoning_gym.factory import DATASETS
+from reward_files import in_thread, load_reward_file
 
 from openrlhf_band.recipe import gym_data
 from openrlhf_band.recipe.gym_data import GymDataError
@@ -86,11 +84,7 @@ reasoning_gym.register_dataset("band_test_hang", HangDataset, HangConfig)
 
 
 def _load(name="reward_func"):
-    # exactly OpenRLHF 0.11.2's SingleTurnAgentExecutor: a standalone file, not a package import
-    spec = importlib.util.spec_from_file_location(name, REWARD_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reward_file(REWARD_PATH, name)
 
 
 gym_reward = _load()
@@ -137,26 +131,6 @@ def _run(responses, labels, prompts=None):
     prompts = prompts or [""] * len(responses)
     out = gym_reward.reward_func([p + r for p, r in zip(prompts, responses)], prompts, labels)
     return out["rewards"].tolist(), out["scores"].tolist(), {k: v.tolist() for k, v in out["extra_logs"].items()}
-
-
-def _in_thread(fn, *args):
-    """fn(*args) in a fresh non-main thread: (result, wall seconds)."""
-    box = {}
-
-    def run():
-        start = time.monotonic()
-        try:
-            box["result"] = fn(*args)
-        except BaseException as err:  # reported by the caller
-            box["error"] = err
-        box["seconds"] = time.monotonic() - start
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive(), "reward_func did not return within 30 s"
-    assert "error" not in box, f"reward_func raised {box.get('error')!r}"
-    return box["result"], box["seconds"]
 
 
 def _hang_label(accuracy=False):
@@ -606,7 +580,7 @@ def test_a_python_hang_is_interrupted_in_the_worker(answer, monkeypatch):
     monkeypatch.setenv("OPENRLHF_BAND_GYM_REWARD_TIMEOUT", str(TIMEOUT_S))
     assert gym_reward.warmup(120)
     before = gym_reward._POOL.worker_pids()
-    out, seconds = _in_thread(gym_reward.reward_func, [f"<answer>{answer}</answer>"], [""], [_hang_label()])
+    out, seconds = in_thread(gym_reward.reward_func, [f"<answer>{answer}</answer>"], [""], [_hang_label()])
     assert seconds < DEADLINE_S, f"{seconds:.2f} s"
     assert out["rewards"].tolist() == [-1.0] and out["scores"].tolist() == [0.0]
     assert out["extra_logs"]["score_timeout"].tolist() == [1.0]
@@ -617,7 +591,7 @@ def test_a_scorer_deaf_to_signals_is_killed_at_the_deadline(monkeypatch):
     monkeypatch.setenv("OPENRLHF_BAND_GYM_REWARD_TIMEOUT", str(TIMEOUT_S))
     assert gym_reward.warmup(120)
     before = gym_reward._POOL.worker_pids()
-    out, seconds = _in_thread(gym_reward.reward_func, ["<answer>stuck</answer>"], [""], [_hang_label(accuracy=True)])
+    out, seconds = in_thread(gym_reward.reward_func, ["<answer>stuck</answer>"], [""], [_hang_label(accuracy=True)])
     assert seconds < DEADLINE_S, f"{seconds:.2f} s"
     assert out["rewards"].tolist() == [0.0] and out["extra_logs"]["score_timeout"].tolist() == [1.0]
     assert gym_reward.warmup(120)  # pebble replaced the killed worker
@@ -631,7 +605,7 @@ def test_a_real_scorer_on_a_huge_expression_returns_in_time(monkeypatch):
     assert gym_reward.warmup(120)
     item = reasoning_gym.create_dataset("puzzle24", size=1, seed=1)[0]
     label = gym_data._label("puzzle24", item, {}, accuracy=False)
-    out, seconds = _in_thread(gym_reward.reward_func, ["<answer>9**9**9**9</answer>"], [""], [label])
+    out, seconds = in_thread(gym_reward.reward_func, ["<answer>9**9**9**9</answer>"], [""], [label])
     assert seconds < DEADLINE_S, f"{seconds:.2f} s"
     assert out["rewards"].tolist() == [-1.0] and out["extra_logs"]["score_timeout"].tolist() == [1.0]
     assert gym_reward.warmup(120)

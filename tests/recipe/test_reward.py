@@ -9,30 +9,25 @@ from a non-main thread, including when a worker process hangs and has to be kill
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import multiprocessing
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reward_files import in_thread, load_reward_file
 
 REWARD_PATH = Path(__file__).resolve().parents[2] / "openrlhf_band" / "recipe" / "reward.py"
 DEADLINE_S = 2.5  # wall-clock bound asserted per hostile sample (the module's verification deadline is 1.5 s)
 
 
 def _load(name="reward_func"):
-    # exactly OpenRLHF 0.11.2's SingleTurnAgentExecutor: a standalone file, not a package import
-    spec = importlib.util.spec_from_file_location(name, REWARD_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_reward_file(REWARD_PATH, name)
 
 
 reward = _load()
@@ -49,26 +44,6 @@ def _one(response, label, prompt=""):
     """(reward, score, extra_logs) of one sample, its query being prompt + response."""
     out = reward.reward_func([prompt + response], [prompt], [label])
     return out["rewards"].item(), out["scores"].item(), {k: v.item() for k, v in out["extra_logs"].items()}
-
-
-def _in_thread(fn, *args):
-    """fn(*args) in a fresh non-main thread: (result, wall seconds)."""
-    box = {}
-
-    def run():
-        start = time.monotonic()
-        try:
-            box["result"] = fn(*args)
-        except BaseException as err:  # reported by the caller
-            box["error"] = err
-        box["seconds"] = time.monotonic() - start
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive(), "reward_func did not return within 30 s"
-    assert "error" not in box, f"reward_func raised {box.get('error')!r}"
-    return box["result"], box["seconds"]
 
 
 # ----------------------------------------------------------------------------- OpenRLHF's contract
@@ -318,7 +293,7 @@ HOSTILE = [
 def test_hostile_output_returns_in_time_from_a_thread(response, accuracy):
     assert reward.warmup(120)  # the deadline is about verification, not about workers still starting
     label = reward.make_label("5", accuracy=accuracy)
-    out, seconds = _in_thread(reward.reward_func, [response], [""], [label])
+    out, seconds = in_thread(reward.reward_func, [response], [""], [label])
     assert seconds < DEADLINE_S, f"{seconds:.2f} s"
     assert out["rewards"].tolist() == [0.0 if accuracy else -1.0]
     assert out["scores"].tolist() == [0.0]
@@ -334,7 +309,7 @@ def test_a_hung_worker_is_killed_and_replaced(monkeypatch):
         os.kill(pid, signal.SIGSTOP)
     results = []
     threads = [
-        threading.Thread(target=lambda: results.append(_in_thread(reward.reward_func, ["Answer: 1/2"], [""], ["0.5"])))
+        threading.Thread(target=lambda: results.append(in_thread(reward.reward_func, ["Answer: 1/2"], [""], ["0.5"])))
         for _ in range(pool.size)
     ]
     for thread in threads:
@@ -399,7 +374,7 @@ def _accuracy_mode(label):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prefix=st.text(max_size=200), answer=_ANSWER_TEXT, label=_LABELS, prompt=st.text(max_size=50))
 def test_fuzz_reward_func_never_raises(prefix, answer, label, prompt):
-    out, seconds = _in_thread(reward.reward_func, [prompt + prefix + "\nAnswer: " + answer], [prompt], [label])
+    out, seconds = in_thread(reward.reward_func, [prompt + prefix + "\nAnswer: " + answer], [prompt], [label])
     assert seconds < 30
     r, s = out["rewards"].item(), out["scores"].item()
     assert r in ({0.0, 1.0} if _accuracy_mode(label) else {-1.0, 1.0})
