@@ -66,6 +66,7 @@ from typing import Any
 from openrlhf_band.recipe.gym_data import ACCURACY_MODE, decode_json
 from openrlhf_band.recipe.reward import _SPECIAL_TOKEN_RE, _response_text
 from openrlhf_band.recipe.reward_io import align, as_output, map_samples
+from openrlhf_band.recipe.workers import prepare_worker
 
 __all__ = ["extract_answer", "reward_func", "warmup"]
 
@@ -140,32 +141,7 @@ _ALARM = {"fired": False}
 
 def init_worker(parent_pid: int, mem_mb: int, imports: Sequence[str]) -> None:
     """Once per worker: exit with the parent, cap memory, silence libraries, import reasoning-gym."""
-
-    def watch_parent() -> None:  # exit when the parent is gone, even in the middle of a scorer
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent_pid:
-                os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True, name="gym-reward-watch-parent").start()
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if mem_mb > 0:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
-    except Exception:
-        pass
-    import warnings
-
-    logging.disable(logging.CRITICAL)
-    warnings.simplefilter("ignore")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # pebble's SIGTERM handler is Python code, which a worker stuck in C never runs: pebble would then wait
-    # its term_timeout (3 s) before SIGKILL, its manager thread (every other sample's deadline) blocked
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = "1"
+    prepare_worker(parent_pid, mem_mb, "gym-reward")
     sys.stdout = open(os.devnull, "w")  # some generators and scorers print
 
     def on_alarm(signum, frame):

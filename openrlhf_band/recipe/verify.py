@@ -7,13 +7,12 @@ loads under a name of its own). `init_worker` prepares a worker once; `check` an
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import signal
-import threading
 import time
-import warnings
+
+from openrlhf_band.recipe.workers import prepare_worker
 
 
 class SoftTimeout(BaseException):
@@ -64,26 +63,7 @@ def init_worker(parent_pid: int, mem_mb: int) -> None:
     """
     global _CHECK
 
-    def watch_parent() -> None:  # exit when the parent is gone, even in the middle of a computation
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent_pid:
-                os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True, name="reward-watch-parent").start()
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if mem_mb > 0:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
-    except Exception:
-        pass
-    logging.disable(logging.CRITICAL)
-    warnings.simplefilter("ignore")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = "1"
+    prepare_worker(parent_pid, mem_mb, "reward")
 
     def on_alarm(signum, frame):
         raise SoftTimeout()
