@@ -27,6 +27,14 @@ would turn into lists and string keys (arc_agi's scorer then never matches): `en
 (`{"__tuple__": [...]}`, `{"__map__": [[key, value], ...]}`) and `decode_json` restores them. An item
 that does not survive that round trip unchanged is dropped (`unserialisable`).
 
+With `shots` K > 0 the prompt is a chat instead (a list of messages, which OpenRLHF's PromptDataset
+passes to the chat template): K solved items of the same task, each a user turn (the question) and an
+assistant turn (`<answer>ANSWER</answer>`), then the question as the last user turn; no system prompt
+(the model's chat template adds its own). The K items come from their own derived seed, the same for
+every row of a task, and their questions are in neither split. A 135M instruct model never writes
+answer tags after reasoning-gym's system prompt (0 of 256 replies scored) and follows two shown turns
+in 97% of replies (docs/smollm2_study.md).
+
 OpenRLHF 0.11.2 flags for these files::
 
     --data.prompt_dataset DIR/train.jsonl --eval.dataset DIR/eval.jsonl
@@ -309,7 +317,7 @@ def _label(task: str, entry: dict, config: dict, accuracy: bool) -> str | None:
 
 
 def _new_stats(requested: int, eval_split: bool) -> dict:
-    stats = {"requested": requested, "generated": 0, "duplicates_dropped": 0}
+    stats = {"requested": requested, "generated": 0, "duplicates_dropped": 0, "shots_overlap_dropped": 0}
     if eval_split:
         stats["train_overlap_dropped"] = 0
     stats.update({"unserialisable": 0, "written": 0, "shortfall": 0, "seeds": []})
@@ -325,8 +333,12 @@ def _generate(
     seen: set[str],
     forbidden: set[str],
     stats: dict,
+    shots: list[dict] | None = None,
+    shown: frozenset[str] | set[str] = frozenset(),
 ) -> list[dict]:
-    """Up to `count` rows of `task` whose questions are not in `seen` (updated) nor in `forbidden`."""
+    """Up to `count` rows of `task` whose questions are not in `seen` (updated), `forbidden` (training's)
+    nor `shown` (the shots'); with `shots` (chat turns) the prompt is those turns and the question as
+    the last user turn."""
     from reasoning_gym import create_dataset
 
     rows: list[dict] = []
@@ -345,6 +357,9 @@ def _generate(
             item = dataset[idx]
             stats["generated"] += 1
             key = question_key(item.get("question", ""))
+            if key in shown:
+                stats["shots_overlap_dropped"] += 1
+                continue
             if key in forbidden:
                 stats["train_overlap_dropped"] += 1
                 continue
@@ -357,10 +372,41 @@ def _generate(
                 continue
             seen.add(key)
             question = str(item["question"]).strip()
-            rows.append({INPUT_KEY: PROMPT_TEMPLATE.format(question=question), LABEL_KEY: label, DATASOURCE_KEY: task})
+            prompt: str | list[dict] = PROMPT_TEMPLATE.format(question=question)
+            if shots:
+                prompt = [*shots, {"role": "user", "content": question}]
+            rows.append({INPUT_KEY: prompt, LABEL_KEY: label, DATASOURCE_KEY: task})
     stats["written"] = len(rows)
     stats["shortfall"] = count - len(rows)
     return rows
+
+
+def _shots(tasks: dict[str, float], shots: int, seed: int, options: dict) -> tuple[dict[str, list[dict]], set[str]]:
+    """({task: the chat turns of its `shots` solved items}, their question keys)."""
+    from reasoning_gym import create_dataset
+
+    shown: dict[str, list[dict]] = {}
+    keys: set[str] = set()
+    if shots == 0:
+        return shown, keys
+    for name in tasks:
+        shots_seed = derive_seed(seed, name, "shots", 0)
+        dataset = create_dataset(name, size=4 * shots + 8, seed=shots_seed, **options.get(name, {}))
+        turns: list[dict] = []
+        for item in dataset:
+            key = question_key(item.get("question", ""))
+            if key in keys or len(turns) == 2 * shots:
+                continue
+            keys.add(key)
+            turns += [{"role": "user", "content": str(item["question"]).strip()},
+                      {"role": "assistant", "content": f"{_OPEN}{item['answer']}{_CLOSE}"}]  # fmt: skip
+        if len(turns) < 2 * shots:
+            raise GymDataError(f"task {name!r}: fewer than {shots} distinct items for --shots")
+        shown[name] = turns
+    return shown, keys
+
+
+_OPEN, _CLOSE = "<answer>", "</answer>"  # the format gym_reward reads
 
 
 def _reasoning_gym_version() -> str:
@@ -382,6 +428,7 @@ def build(
     seed: int,
     options: dict[str, dict] | None = None,
     allow_executing_scorers: bool = False,
+    shots: int = 0,
 ) -> tuple[list[dict], list[dict], dict]:
     """(train rows, eval rows, manifest) for `tasks` ({name: weight}).
 
@@ -390,7 +437,8 @@ def build(
 
     `size`: training items in all, split by weight; `eval_size`: held-out items per task; `seed`: any
     int, from which every generator seed is derived; `options`: {task: {config key: value}} passed to
-    `reasoning_gym.create_dataset`. Deterministic for given arguments (and reasoning-gym version).
+    `reasoning_gym.create_dataset`; `shots`: solved items shown before each question (chat prompts).
+    Deterministic for given arguments (and reasoning-gym version).
     Raises GymDataError on bad arguments, before generating anything.
     """
     tasks = dict(tasks)
@@ -403,32 +451,38 @@ def build(
             "them anyway (docs/tasks.md)"
         )
     _validate(tasks, size, eval_size, options)
+    if shots < 0:
+        raise GymDataError(f"--shots {shots}: expected 0 or more solved items per question")
     seed = int(seed)
     counts = allocate(tasks, size)
 
     # reasoning-gym's bf generator prints progress dots to stdout: keep the CLI's stdout clean
     with contextlib.redirect_stdout(io.StringIO()):
+        shown, shown_keys = _shots(tasks, shots, seed, options)
         train_stats = {name: _new_stats(counts[name], False) for name in tasks}
         train_rows: list[dict] = []
         train_seen: set[str] = set()
         for name in tasks:
             train_rows += _generate(
-                name, counts[name], "train", seed, options.get(name, {}), train_seen, set(), train_stats[name]
-            )
+                name, counts[name], "train", seed, options.get(name, {}), train_seen, set(), train_stats[name],
+                shown.get(name), shown_keys,
+            )  # fmt: skip
         eval_stats = {name: _new_stats(eval_size, True) for name in tasks}
         eval_rows: list[dict] = []
         eval_seen: set[str] = set()
         for name in tasks:
             eval_rows += _generate(
-                name, eval_size, "eval", seed, options.get(name, {}), eval_seen, train_seen, eval_stats[name]
-            )
+                name, eval_size, "eval", seed, options.get(name, {}), eval_seen, train_seen, eval_stats[name],
+                shown.get(name), shown_keys,
+            )  # fmt: skip
     # interleave the tasks (OpenRLHF shuffles, but --data.max_samples keeps the first rows)
     random.Random(seed).shuffle(train_rows)
 
     def section(rows: list[dict], stats: dict) -> dict:
         totals = {
             key: sum(s[key] for s in stats.values())
-            for key in ("duplicates_dropped", "train_overlap_dropped", "unserialisable", "shortfall")
+            for key in ("duplicates_dropped", "shots_overlap_dropped", "train_overlap_dropped", "unserialisable",
+                        "shortfall")  # fmt: skip
             if all(key in s for s in stats.values())
         }
         return {"rows": len(rows), **totals, "tasks": stats}
@@ -437,7 +491,8 @@ def build(
         "source": "reasoning-gym",
         "reasoning_gym_version": _reasoning_gym_version(),
         "keys": {"input_key": INPUT_KEY, "label_key": LABEL_KEY, "datasource_key": DATASOURCE_KEY},
-        "prompt_template": PROMPT_TEMPLATE,
+        "prompt_template": PROMPT_TEMPLATE if not shots else "chat: the shots' turns, then {question} as a user turn",
+        "shots": {name: [turn["content"] for turn in turns] for name, turns in shown.items()},
         "seed": seed,
         "size": size,
         "eval_size_per_task": eval_size,

@@ -122,6 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a task's config option, e.g. basic_arithmetic.max_terms=3 (VALUE read as JSON when it parses)",
     )
     gym.add_argument(
+        "--shots",
+        type=int,
+        default=0,
+        help="K solved items of the same task before each question, as chat turns (default 0: reasoning-gym's "
+        "system prompt instead); small models that never write <answer> tags follow them (docs/tasks.md)",
+    )
+    gym.add_argument(
         "--allow-executing-scorers",
         action="store_true",
         help="allow tasks whose scorer runs the model's answer as Python (eval / sympy parse_expr), outside any "
@@ -165,6 +172,7 @@ def _refuse_foreign(args: argparse.Namespace, task: str) -> None:
     """A flag of another task is a mistake worth one line, not silence."""
     owners = {
         "tasks": "reasoning-gym", "task_option": "reasoning-gym", "allow_executing_scorers": "reasoning-gym",
+        "shots": "reasoning-gym",
         "train": ("code", "mc"), "eval": ("code", "mc"), "max_eval": ("mc",),
     }  # fmt: skip
     for attr, owner in owners.items():
@@ -194,7 +202,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[dict], list[dict], dict]:
         options = gym_data.parse_options(args.task_option)
         train, evals, manifest = gym_data.build(
             gym_data.parse_tasks(args.tasks), args.size, args.eval_size, args.seed, options,
-            allow_executing_scorers=args.allow_executing_scorers,
+            allow_executing_scorers=args.allow_executing_scorers, shots=args.shots,
         )  # fmt: skip
     elif task == "code":
         from openrlhf_band.recipe import code_data
