@@ -130,6 +130,34 @@ def probe_cpu_weight_reload(shim) -> dict:
     return {"unpatched_error": unpatched, "patched": "see the end-to-end sync check"}
 
 
+def probe_float32_on_cpu(shim) -> dict:
+    """OpenRLHF has no float32 setting to fail or succeed: its parser refuses one, and vLLM's engine
+    dtype is a literal. Unpatched: the refusal and the literal; patched: float32 at all three places."""
+    import torch
+    from openrlhf.cli import train_ppo_ray
+
+    source = inspect.getsource(train_ppo_ray)
+    choices = source[source.index('"--ds.param_dtype"') :].split("choices=", 1)[1].split("]", 1)[0] + "]"
+    engine_source = inspect.getsource(importlib.import_module("openrlhf.trainer.ray.vllm_engine"))
+    unpatched = (
+        f"--ds.param_dtype choices={choices}; vllm_engine: "
+        + ('"dtype": "bfloat16"' if '"dtype": "bfloat16"' in engine_source else "no fixed dtype")
+    )
+    utils = fresh("openrlhf.utils.utils")
+    ds = fresh("openrlhf.utils.deepspeed.deepspeed")
+    engine = fresh("openrlhf.trainer.ray.vllm_engine")
+    before = (utils.convert_to_torch_dtype("bf16"), ds.get_train_ds_config(False, stage=3)["bf16"]["enabled"])
+    for module in (utils, ds, engine):
+        shim._float32_on_cpu(module)
+    args = engine.vllm.AsyncEngineArgs(model="unused", dtype="bfloat16")
+    bf16_on = ds.get_train_ds_config(False, stage=3)["bf16"]["enabled"]
+    after = (utils.convert_to_torch_dtype("bf16"), bf16_on, args.dtype)
+    for name in ("openrlhf.utils.utils", "openrlhf.utils.deepspeed.deepspeed", "openrlhf.trainer.ray.vllm_engine"):
+        sys.modules.pop(name, None)  # the other probes get unpatched copies
+    ok = before == (torch.bfloat16, True) and after == (torch.float32, False, "float32")
+    return {"unpatched_error": unpatched, "patched": f"{after}" if ok else f"Error: {before} -> {after}"}
+
+
 def main() -> None:
     import torch.distributed as dist
 

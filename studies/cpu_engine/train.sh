@@ -14,7 +14,10 @@
 #
 # Environment: E2E_TIMEOUT_S (default 900) bounds the training run; E2E_ASSETS (default
 # .venv-e2e/assets) holds the generated model and data; E2E_SYNC_NEGATIVE_CONTROL=1 makes vLLM
-# receive but not load the weights (the sync check's negative control).
+# receive but not load the weights (the sync check's negative control); E2E_PARAM_DTYPE=float32 trains and
+# samples in float32 (the shim's float32_on_cpu: OpenRLHF allows bf16 / fp16 only, and bf16 on a CPU without
+# native bf16 costs a real model ~15x; the real-model runs set it, the tiny model's stay bf16); E2E_GRAD_CKPT=0
+# turns gradient checkpointing off.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -96,10 +99,13 @@ free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1",
 
 export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/studies/cpu_engine/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
 export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_ENTROPY_LOG="$OUT_DIR/entropy.jsonl" E2E_FUSED_LOG="$OUT_DIR/fused.jsonl"
+export E2E_CLIP_BINS_LOG="$OUT_DIR/clip_bins.jsonl"
+: > "$E2E_CLIP_BINS_LOG"
 : > "$E2E_SYNC_LOG"
 : > "$E2E_ENTROPY_LOG"
 : > "$E2E_FUSED_LOG"
 export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions"  # DeepSpeed's CPU ops, compiled on first use
+export E2E_PARAM_DTYPE="${E2E_PARAM_DTYPE:-bf16}"  # every process of the run reads it (the shim)
 export GLOO_SOCKET_IFNAME=lo VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 export RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
 export PATH="$VENV/bin:$PATH"
@@ -122,7 +128,7 @@ BASE_ARGS=(
   --actor.num_nodes 1 --actor.num_gpus_per_node 1 --ref.num_nodes 1 --ref.num_gpus_per_node 1
   --vllm.num_engines 1 --vllm.tensor_parallel_size 1 --vllm.sync_backend gloo --vllm.enforce_eager
   --train.colocate_all --ds.zero_stage 3 --ds.param_dtype bf16
-  --actor.gradient_checkpointing_enable --ds.attn_implementation sdpa
+  --ds.attn_implementation sdpa
   --algo.advantage.estimator group_norm
   --rollout.batch_size 4 --rollout.n_samples_per_prompt 4
   --train.batch_size 4 --train.micro_batch_size 2 --rollout.micro_batch_size 4
@@ -139,6 +145,11 @@ BASE_ARGS=(
   --ckpt.path "$OUT_DIR/ckpt" --ckpt.output_dir "$OUT_DIR/model"
   --logger.logging_steps 1 --logger.tensorboard_dir "$OUT_DIR/tensorboard"
 )
+# Gradient checkpointing as in common.sh; E2E_GRAD_CKPT=0 leaves it off (a real model's runs: it recomputes
+# every forward, about a quarter of a CPU step, to save memory a CPU run has plenty of)
+if [[ "${E2E_GRAD_CKPT:-1}" == 1 ]]; then
+  BASE_ARGS+=(--actor.gradient_checkpointing_enable)
+fi
 stage "training: python -m openrlhf.cli.train_ppo_ray ${*:-(base arguments only)}"
 # In the background and waited for, so that a signal to this script runs its traps at once.
 set +e

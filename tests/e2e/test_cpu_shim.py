@@ -22,7 +22,8 @@ def load_shim():
     return shim
 
 
-PROBES = {"sync_probe", "entropy_probe", "fused_logprobs_probe"}  # test instrumentation, not patches of CUDA-only calls
+# test instrumentation, not patches of CUDA-only calls
+PROBES = {"sync_probe", "entropy_probe", "fused_logprobs_probe", "clip_bins_probe"}
 PATCH_NAMES = sorted({name for patches in load_shim().PATCHES.values() for name, _ in patches} - PROBES)
 
 

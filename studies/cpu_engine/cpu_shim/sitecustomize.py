@@ -232,6 +232,72 @@ def _compare_fused_logprobs(module) -> None:
     module.ActorPPOTrainer.training_step = training_step
 
 
+def _record_clip_bins(module) -> None:
+    """Probe, not a patch: each call of OpenRLHF's own clipped loss (`ppo`) appends, per old-probability
+    bin of the band's metrics (openrlhf_band.integration.metrics), the count of tokens and of tokens
+    whose clipped branch is active (A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low: the band's
+    definition) to $E2E_CLIP_BINS_LOG; the band's own losses log the same as band/tokens_*, band/clipped_*."""
+    original = module.PolicyLoss.forward
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, *args, **kwargs):
+        path = os.environ.get("E2E_CLIP_BINS_LOG")
+        if path and self.policy_loss_type == "ppo":
+            import torch
+
+            from openrlhf_band.integration.metrics import _BIN_NAMES, METRIC_PROB_BINS
+
+            with torch.no_grad():
+                ratio = (log_probs - old_log_probs).clamp(-20.0, 20.0).exp()
+                mask = torch.ones_like(ratio, dtype=torch.bool) if action_mask is None else action_mask != 0
+                adv = advantages.expand_as(ratio)
+                clipped = ((adv > 0) & (ratio > 1 + self.clip_eps_high)) | ((adv < 0) & (ratio < 1 - self.clip_eps_low))
+                p = old_log_probs.float().exp()
+                record = {"eps": [self.clip_eps_low, self.clip_eps_high], "tokens": {}, "clipped": {}}
+                for name, lo, hi in zip(_BIN_NAMES, METRIC_PROB_BINS[:-1], METRIC_PROB_BINS[1:]):
+                    in_bin = mask & (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))
+                    record["tokens"][name] = int(in_bin.sum())
+                    record["clipped"][name] = int((in_bin & clipped).sum())
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return original(self, log_probs, old_log_probs, advantages, action_mask, *args, **kwargs)
+
+    module.PolicyLoss.forward = forward
+
+
+def _float32_on_cpu(module) -> None:
+    """Only with E2E_PARAM_DTYPE=float32 (the real-model runs). OpenRLHF 0.11.2 trains and samples in
+    bf16 or fp16 only: `--ds.param_dtype` accepts those two, and vLLM's dtype is fixed to bfloat16.
+    This CPU has no native bf16: a forward + backward of SmolLM2-135M costs ~15x more than in float32
+    (studies/smollm2/results/dtype_cost.json). The model's weights (convert_to_torch_dtype), DeepSpeed's
+    config (bf16 off: float32) and vLLM's engine all go to float32; the tiny model's runs stay bf16."""
+    import torch
+
+    if module.__name__ == "openrlhf.utils.utils":
+        module.convert_to_torch_dtype = lambda param_dtype: torch.float32
+    elif module.__name__ == "openrlhf.utils.deepspeed.deepspeed":
+        def without_bf16(make_config):
+            def make(*args, **kwargs):
+                config = make_config(*args, **kwargs)
+                config["bf16"]["enabled"] = config["fp16"]["enabled"] = False
+                return config
+
+            return make
+
+        module.get_train_ds_config = without_bf16(module.get_train_ds_config)
+        module.get_eval_ds_config = without_bf16(module.get_eval_ds_config)
+    elif module.__name__ == "openrlhf.trainer.ray.vllm_engine":
+        real_vllm = module.vllm
+
+        class EngineArgsInFloat32(real_vllm.AsyncEngineArgs):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **{**kwargs, "dtype": "float32"})
+
+        proxy = types.ModuleType("e2e_cpu_shim_vllm")
+        proxy.__getattr__ = lambda name: getattr(real_vllm, name)
+        proxy.AsyncEngineArgs = EngineArgsInFloat32
+        module.vllm = proxy
+
+
 # module -> [(patch name, function)]; the reasons are the functions' docstrings
 PATCHES = {
     "openrlhf.trainer.ray.ppo_actor": [
@@ -241,15 +307,24 @@ PATCHES = {
     ],
     "openrlhf.trainer.ray.launcher": [("cuda_on_cpu", _cuda_on_cpu)],
     "openrlhf.trainer.ppo_utils.replay_buffer": [("cuda_on_cpu", _cuda_on_cpu)],
-    "openrlhf.utils.deepspeed.deepspeed": [("cuda_on_cpu", _cuda_on_cpu), ("device_mesh_on_cpu", _device_mesh_on_cpu)],
+    "openrlhf.utils.deepspeed.deepspeed": [
+        ("cuda_on_cpu", _cuda_on_cpu),
+        ("device_mesh_on_cpu", _device_mesh_on_cpu),
+        ("float32_on_cpu", _float32_on_cpu),
+    ],
+    "openrlhf.utils.utils": [("float32_on_cpu", _float32_on_cpu)],
+    "openrlhf.trainer.ray.vllm_engine": [("float32_on_cpu", _float32_on_cpu)],
     "openrlhf.utils.distributed_util": [
         ("barrier_without_cuda_sync", _barrier_without_cuda_sync),
         ("gloo_weight_sync", _gloo_weight_sync_group),
     ],
     "openrlhf.trainer.ray.vllm_worker_wrap": [("cpu_weight_reload", _cpu_weight_reload)],
     "openrlhf_band.integration.policy_loss": [("entropy_probe", _record_loss_entropy)],
+    "openrlhf.models.loss": [("clip_bins_probe", _record_clip_bins)],
 }
 SKIPPED = set(filter(None, os.environ.get("E2E_SHIM_SKIP", "").split(",")))  # to show a patch is needed
+if os.environ.get("E2E_PARAM_DTYPE", "bf16") != "float32":
+    SKIPPED.add("float32_on_cpu")
 
 
 class _PatchAfterImport(MetaPathFinder):
