@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint learn-study test unit unit-cpu-paths e2e lint demo bench locks clean
+.PHONY: venv e2e-venv learn-checkpoint learn-study smollm2-study test unit unit-cpu-paths e2e lint demo bench locks clean
 
 venv: $(STAMP)
 
@@ -67,6 +67,14 @@ learn-study: learn-checkpoint
 	$(E2E_VENV)/bin/python studies/learn/learn_study.py run --seeds 3 --steps 20 --out out/learn-study
 	$(E2E_VENV)/bin/python studies/learn/learn_study.py report --out out/learn-study --docs studies/learn/results
 
+# The real-model study (docs/smollm2_study.md): SmolLM2-135M-Instruct (openrlhf-band prepare-model) through
+# train_ppo_ray on reasoning-gym tasks; clip, Clip-Higher, band-kl, band-kl-floor and CISPO, 3 paired seeds
+# (studies/smollm2/run.sh each, about 20 min a run on 2 cores). Finished runs under out/smollm2-study are reused:
+# stop it any time and run it again to continue. Then the tables, CSV and curves under studies/smollm2/results/.
+smollm2-study: $(E2E_STAMP)
+	$(E2E_VENV)/bin/python studies/smollm2/study.py run --seeds 3 --out out/smollm2-study
+	$(E2E_VENV)/bin/python studies/smollm2/study.py report --out out/smollm2-study --docs studies/smollm2/results
+
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more; instead UNIT_WORKERS processes (pytest-xdist, a test file per
 # worker at a time) share the cores: 1,738 tests in 7:03 on 2 cores (1,281 in 9:27 on one). `make test` = lint + the unit suite + the end-to-end tests.
@@ -102,7 +110,7 @@ unit-cpu-paths: $(STAMP)
 e2e: $(STAMP) $(E2E_STAMP)
 	$(PY) -m pytest tests/e2e
 
-SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/patching/patches/regenerate.sh .ci/run studies/cpu_engine/*.sh studies/learn/*.sh requirements/lock.sh
+SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/patching/patches/regenerate.sh .ci/run studies/cpu_engine/*.sh studies/learn/*.sh studies/smollm2/*.sh requirements/lock.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check openrlhf_band tests bench studies

@@ -321,13 +321,28 @@ def task_run(e2e_root: Path, name: str, data: Path, task: str) -> Run:
     )  # fmt: skip
 
 
+SMOL_SH = ROOT / "studies" / "smollm2" / "run.sh"
+SMOL_MODEL = ROOT / ".venv-e2e" / "models" / "smollm2-135m-instruct"
+SMOL_TASKS = {"chain_sum", "spell_backward", "leg_counting"}
+SMOL_MAX_NEW_TOKENS = 24  # studies/smollm2/run.sh
+
+
 @pytest.fixture(scope="session")
 def gym_run(e2e_root) -> Run:
-    data = prepare(
-        e2e_root / "gym-data", "--source", "reasoning-gym", "--tasks", "basic_arithmetic,chain_sum",
-        "--size", "4", "--eval-size", "1", "--seed", "0",
+    """The reasoning-gym task on a real pretrained model: SmolLM2-135M-Instruct made by `openrlhf-band
+    prepare-model` from its package (cached in .venv-e2e/models), three easy tasks with two shots, one
+    step of 3 prompts x 4 samples (one optimizer step, CPU time) in float32 (the shim's float32_on_cpu),
+    the held-out eval after it.
+    A Llama architecture, a real tokenizer and a real chat template through the whole engine."""
+    data = e2e_root / "smollm2-data"
+    # 3 prompts: --data.max_samples (steps x prompts) also caps the eval set, one item per task
+    env = {"SMOL_STEPS": "1", "SMOL_PROMPTS": "3", "SMOL_SAMPLES": "4", "SMOL_EVAL_SAMPLES": "0",
+           "SMOL_SIZE": "6", "SMOL_EVAL_SIZE": "1", "SMOL_DATA": str(data)}  # fmt: skip
+    return trained(
+        e2e_root / "smollm2", "--loss", "band", "--eval.dataset", str(data / "eval.jsonl"), "--eval.steps", "1",
+        "--eval.n_samples_per_prompt", "2", "--train.batch_size", "12", "--train.micro_batch_size", "6",
+        env=env, script=SMOL_SH,
     )  # fmt: skip
-    return task_run(e2e_root, "gym", data, "reasoning-gym")
 
 
 @pytest.fixture(scope="session")
@@ -370,9 +385,35 @@ def check_task_run(run: Run, logs: set[str], benchmarks: set[str]) -> dict[str, 
     return scalars
 
 
-def test_a_reasoning_gym_task_trains_with_its_scorer(gym_run):
-    scalars = check_task_run(gym_run, {"answer_found", "score_timeout"}, {"basic_arithmetic", "chain_sum"})
+def test_a_real_pretrained_model_trains_on_reasoning_gym_tasks(gym_run):
+    scalars = check_task_run(gym_run, {"answer_found", "score_timeout"}, SMOL_TASKS)
     assert all(v == 0.0 for v in scalars["train/score_timeout"].values())
+    # float32 end to end (the shim's float32_on_cpu): vLLM's engine and the trainer's weights
+    assert "dtype=torch.float32" in gym_run.log, "vLLM did not run in float32"
+    syncs = gym_run.syncs()
+    trainer = [r["trainer"] for r in syncs if r["side"] == "trainer"]
+    engine = [r for r in syncs if r["side"] == "engine"]
+    assert len(trainer) == len(engine) == 1 and engine[0]["loaded"]
+    assert engine[0]["received"] == trainer[0]  # all of Llama's tensors (tied head: no lm_head of its own)
+    assert len(trainer[0]) == 1 + 30 * 9 + 1  # embedding, 30 layers of 9 tensors, the final norm
+    held = engine[0]["engine"]
+    shared = set(held) & set(trainer[0])
+    assert {"model.embed_tokens.weight", "model.norm.weight"} <= shared
+    assert all(held[name] == trainer[0][name] for name in shared)
+    # the chat model's replies end with <|im_end|> (prepare-model's eos fix), well before the token budget
+    assert scalars["train/rollout/response_length_mean"][1] < SMOL_MAX_NEW_TOKENS / 2
+
+
+def test_the_prepared_model_matches_its_gguf_and_vllm(gym_run):
+    record = json.loads((SMOL_MODEL / "PREPARED.json").read_text())
+    assert record["parameters"] == 134_515_008 and record["dtype"] == "float32"
+    assert record["gguf_tokenizer_eos"] == ["<|im_start|>", 1]  # the defect the fix is for
+    verified = record["verified"]
+    assert verified["gguf_equals_folder"] and len(verified["greedy_ids"]) == 3
+    assert verified["vllm"]["first_tokens_equal"] and verified["vllm"]["rope_theta_read"] == 100000.0
+    config = json.loads((SMOL_MODEL / "config.json").read_text())
+    tokenizer = json.loads((SMOL_MODEL / "tokenizer_config.json").read_text())
+    assert config["rope_theta"] == 100000.0 and config["eos_token_id"] == 2 and tokenizer["eos_token"] == "<|im_end|>"
 
 
 def test_code_trains_with_the_sandboxed_reward(code_run):

@@ -1,0 +1,267 @@
+"""The real-model study: SmolLM2-135M-Instruct through the real train_ppo_ray (studies/smollm2/run.sh),
+clip, Clip-Higher, band-kl, band-kl with the floor 0.8 and CISPO, paired seeds from the same model.
+
+    python studies/smollm2/study.py run --seeds 3 --out out/smollm2-study          (make smollm2-study)
+    python studies/smollm2/study.py report --out out/smollm2-study --docs studies/smollm2/results
+    python studies/smollm2/study.py summarize --run RUN --before FILE --seconds S   (run.sh, after a run)
+
+`run` calls run.sh once per (seed, method), seed by seed so that a stopped study still holds whole
+pairs, and skips runs whose summary.json exists: the study resumes where it stopped, across sessions.
+Pairing: every method of a seed starts from the same model with the same --train.seed (prompt order,
+vLLM's engine seed), so the first rollout is the same for all methods. `report` writes summary.txt
+(held-out reward and entropy after training, paired differences to clip with sd over seeds, the
+starting model's token bins and each method's first-step clip rate per bin), summary.json, steps.csv
+and curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from openrlhf_band.integration.methods import METHOD_FLAGS
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_SH = ROOT / "studies" / "smollm2" / "run.sh"
+#: the compared methods, from the one table of named methods; CISPO is the field's objective that held
+#: up best against the band on the CPU demo (docs/objectives.md)
+METHODS = {name: list(METHOD_FLAGS[name]) for name in ("clip", "clip-higher", "band-kl", "band-kl-floor", "cispo")}
+SEED0 = 42
+BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
+STEP_COLUMNS = [
+    ("rollout_reward", "train/rollout/reward_mean"),
+    ("reply_tokens", "train/rollout/response_length_mean"),
+    ("clip_ratio", "train/ppo_clip_ratio"),
+    ("policy_kl", "train/ppo_kl"),
+    ("ref_kl", "train/kl"),
+    ("vllm_kl", "train/vllm_kl"),
+    ("step_seconds", "train/timing/step_total"),
+]
+FINAL_KEYS = ("mean_reward", "entropy", "answer_found", "reply_tokens")
+
+
+def first_step_bins(run: Path, metrics: dict[str, dict[str, float]], calls_per_step: int) -> dict:
+    """The first training step's token shares and clip rates per old-probability bin: the band's own
+    metrics (band/tokens_*, band/clipped_*) or, for OpenRLHF's clip, the shim's clip_bins probe (its
+    first `calls_per_step` loss calls). The same definition either way (the active clipped branch)."""
+    if f"train/band/tokens_{BIN_NAMES[0]}" in metrics:
+        tokens = {b: metrics[f"train/band/tokens_{b}"].get("1") for b in BIN_NAMES}
+        clipped = {b: metrics[f"train/band/clipped_{b}"].get("1") for b in BIN_NAMES}
+    else:
+        path = run / "clip_bins.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()][:calls_per_step] if path.exists() else []
+        if not records:
+            return {}
+        total = sum(sum(r["tokens"].values()) for r in records)
+        tokens = {b: sum(r["tokens"][b] for r in records) / total for b in BIN_NAMES}
+        clipped = {b: sum(r["clipped"][b] for r in records) / total for b in BIN_NAMES}
+    return {
+        "tokens": tokens,
+        "clip_rate": {b: (clipped[b] / tokens[b] if tokens[b] else None) for b in BIN_NAMES},
+    }
+
+
+def summarize(run: Path, before: Path, seconds: float) -> dict:
+    from openrlhf_band.recipe.results import load_scalars
+
+    scalars = load_scalars(run / "tensorboard")
+    metrics = {tag: {str(step): v for step, v in series.items()} for tag, series in scalars.items()}
+    args = (run / "args.txt").read_text().split("\n")
+    value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
+    samples = int(value("--rollout.batch_size")) * int(value("--rollout.n_samples_per_prompt"))
+    calls = -(-samples // int(value("--train.micro_batch_size")))
+    steps = max((int(s) for s in metrics.get("train/rollout/reward_mean", {})), default=0)
+    summary = {
+        "before": json.loads(before.read_text()),
+        "after": json.loads((run / "after.json").read_text()),
+        "steps": steps,
+        "seconds": seconds,
+        "seconds_per_step": statistics.fmean(metrics["train/timing/step_total"].values()),
+        "first_step_bins": first_step_bins(run, metrics, calls),
+        "metrics": metrics,
+    }
+    (run / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
+    failed = []
+    for seed in range(seeds):
+        for method in methods:
+            run_dir = out / method / f"seed{seed}"
+            if (run_dir / "summary.json").exists():
+                continue
+            args = ["bash", str(RUN_SH), str(run_dir), *METHODS[method], "--train.seed", str(SEED0 + seed)]
+            print(f"[study] {method} seed {seed}: {' '.join(args[3:])}", flush=True)
+            proc = subprocess.run(args, env={**os.environ, "SMOL_STEPS": str(steps)})
+            if proc.returncode != 0:
+                failed.append((method, seed))
+                print(f"[study] FAILED: {method} seed {seed} (exit {proc.returncode}); see {run_dir}", flush=True)
+    return 1 if failed else 0
+
+
+def load(out: Path) -> dict[str, dict[int, dict]]:
+    runs: dict[str, dict[int, dict]] = {}
+    for method in METHODS:
+        for summary in sorted((out / method).glob("seed*/summary.json")):
+            runs.setdefault(method, {})[int(summary.parent.name[4:])] = json.loads(summary.read_text())
+    return runs
+
+
+def _mean_sd(values: list[float], signed: bool = True, digits: int = 3) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{statistics.fmean(values):{'+' if signed else ''}.{digits}f} +- {sd:.{digits}f}"
+
+
+def report(out: Path, docs: Path, command: str) -> str:
+    runs = load(out)
+    if "clip" not in runs:
+        sys.exit(f"no clip runs under {out}: run the study first")
+    docs.mkdir(parents=True, exist_ok=True)
+    some = next(iter(runs["clip"].values()))
+    before = some["before"]
+    lines = [
+        f"command: {command}",
+        f"model: SmolLM2-135M-Instruct (openrlhf-band prepare-model), float32; held-out: {before['prompts']} prompts x "
+        f"{before['samples_per_prompt']} samples at T=1 (vLLM CPU build)",
+        f"starting model: mean_reward {before['mean_reward']:.3f}, entropy {before['entropy']:.3f} +- "
+        f"{before['entropy_se']:.3f} nats (sampled-token NLL), answer_found {before['answer_found']:.3f}, "
+        f"reply_tokens {before['reply_tokens']:.1f}",
+        f"steps per run: {some['steps']}; seeds per method: " + ", ".join(f"{m} {len(s)}" for m, s in runs.items()),
+        "",
+        "held-out after training, mean +- sd over seeds:",
+        f"{'method':<15}" + "".join(f"{k:>20}" for k in FINAL_KEYS) + f"{'s/step':>9}",
+    ]
+    for method, by_seed in runs.items():
+        cells = [_mean_sd([s["after"][k] for s in by_seed.values()], signed=False) for k in FINAL_KEYS]
+        sps = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
+        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"{sps:>9.1f}")
+    lines += ["", "rise over the starting model (after - before), mean +- sd over seeds:"]
+    for method, by_seed in runs.items():
+        cells = [_mean_sd([s["after"][k] - s["before"][k] for s in by_seed.values()]) for k in FINAL_KEYS]
+        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells))
+    clip_rise = [s["after"]["mean_reward"] - s["before"]["mean_reward"] for s in runs["clip"].values()]
+    clip_sd = (
+        statistics.stdev([s["after"]["mean_reward"] for s in runs["clip"].values()]) if len(clip_rise) > 1 else None
+    )
+    if clip_sd is not None:
+        ratio = statistics.fmean(clip_rise) / clip_sd if clip_sd else float("inf")
+        lines.append(f"clip's held-out reward moved {statistics.fmean(clip_rise):+.3f}, {ratio:.1f}x its seed spread "
+                     f"({clip_sd:.3f}); the study asks for >= 3x")  # fmt: skip
+    lines += ["", "paired difference to clip (same seed), mean +- sd over the paired seeds:"]
+    for method, by_seed in runs.items():
+        if method == "clip":
+            continue
+        seeds = sorted(set(by_seed) & set(runs["clip"]))
+        if not seeds:
+            continue
+        cells = [_mean_sd([by_seed[i]["after"][k] - runs["clip"][i]["after"][k] for i in seeds]) for k in FINAL_KEYS]
+        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"   ({len(seeds)} pairs)")
+    lines += ["", "where the sampled tokens are: share of the starting model's sampled reply tokens per p bin",
+              "  " + "  ".join(f"{b} {before['token_bins'][b]:.3f}" for b in BIN_NAMES)]  # fmt: skip
+    lines += ["", "first training step: share of tokens per old-probability bin and the clip rate within the bin "
+              "(clipped / tokens), mean over seeds:",
+              f"{'method':<15}" + "".join(f"{'share ' + b:>18}{'clip ' + b:>18}" for b in BIN_NAMES)]  # fmt: skip
+    for method, by_seed in runs.items():
+        cells = []
+        for b in BIN_NAMES:
+            shares = [s["first_step_bins"]["tokens"][b] for s in by_seed.values() if s["first_step_bins"]]
+            rates = [s["first_step_bins"]["clip_rate"][b] for s in by_seed.values() if s["first_step_bins"]]
+            rates = [r for r in rates if r is not None]
+            cells.append(f"{statistics.fmean(shares):>18.4f}" if shares else f"{'-':>18}")
+            cells.append(f"{statistics.fmean(rates):>18.4f}" if rates else f"{'-':>18}")
+        lines.append(f"{method:<15}" + "".join(cells))
+    text = "\n".join(lines) + "\n"
+    (docs / "summary.txt").write_text(text)
+    (docs / "summary.json").write_text(json.dumps(_stats(runs, command), indent=1) + "\n")
+    _write_steps(runs, docs / "steps.csv")
+    _plot(runs, docs / "curves.png")
+    return text
+
+
+def _stats(runs: dict[str, dict[int, dict]], command: str) -> dict:
+    some = next(iter(runs["clip"].values()))
+    out: dict = {"command": command, "before": {k: v for k, v in some["before"].items() if k != "model"}, "methods": {}}
+    for method, by_seed in runs.items():
+        entry: dict = {"seeds": sorted(by_seed), "steps": next(iter(by_seed.values()))["steps"]}
+        for k in FINAL_KEYS:
+            after = [s["after"][k] for s in by_seed.values()]
+            entry[k] = {"after": after, "after_mean": statistics.fmean(after),
+                        "after_sd": statistics.stdev(after) if len(after) > 1 else None}  # fmt: skip
+        entry["first_step_bins"] = {str(seed): s["first_step_bins"] for seed, s in sorted(by_seed.items())}
+        entry["seconds_per_step"] = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
+        out["methods"][method] = entry
+    return out
+
+
+def _write_steps(runs: dict[str, dict[int, dict]], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "seed", "step", *(name for name, _ in STEP_COLUMNS)])
+        for method, by_seed in runs.items():
+            for seed, s in sorted(by_seed.items()):
+                for step in range(1, s["steps"] + 1):
+                    row = [s["metrics"].get(tag, {}).get(str(step)) for _, tag in STEP_COLUMNS]
+                    writer.writerow([method, seed, step, *("" if v is None else f"{v:.6g}" for v in row)])
+
+
+def _plot(runs: dict[str, dict[int, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    panels = [("train/rollout/reward_mean", "rollout reward (2 score - 1)"),
+              ("train/ppo_clip_ratio", "clipped token fraction"),
+              ("train/kl", "KL to the starting model (k3)")]  # fmt: skip
+    for ax, (tag, title) in zip(axes, panels):
+        for i, (method, by_seed) in enumerate(runs.items()):
+            steps = sorted({int(k) for s in by_seed.values() for k in s["metrics"].get(tag, {})})
+            ys = []
+            for step in steps:
+                vals = [v for s in by_seed.values() if (v := s["metrics"].get(tag, {}).get(str(step))) is not None]
+                ys.append(statistics.fmean(vals) if vals else float("nan"))
+            ax.plot(steps, ys, label=method, color=f"C{i}")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("train_ppo_ray step")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct, GRPO through train_ppo_ray on reasoning-gym (mean over seeds)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--seeds", type=int, default=3)
+    r.add_argument("--steps", type=int, default=10)
+    r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    r.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
+    p = sub.add_parser("report")
+    p.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
+    p.add_argument("--docs", type=Path, default=Path("studies/smollm2/results"))
+    p.add_argument("--command-line", default="make smollm2-study", help="the command recorded in summary.txt")
+    s = sub.add_parser("summarize")
+    s.add_argument("--run", type=Path, required=True)
+    s.add_argument("--before", type=Path, required=True)
+    s.add_argument("--seconds", type=float, required=True)
+    args = parser.parse_args()
+    if args.command == "run":
+        return run(args.out, args.seeds, args.methods, args.steps)
+    if args.command == "summarize":
+        summarize(args.run, args.before, args.seconds)
+        return 0
+    print(report(args.out, args.docs, args.command_line), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
