@@ -69,7 +69,7 @@ learn-study: learn-checkpoint
 
 # The real-model study (docs/smollm2_study.md): SmolLM2-135M-Instruct (openrlhf-band prepare-model) through
 # train_ppo_ray on reasoning-gym tasks; clip, Clip-Higher, band-kl, band-kl-floor and CISPO, 3 paired seeds
-# (studies/smollm2/run.sh each, about 20 min a run on 2 cores). Finished runs under out/smollm2-study are reused:
+# (studies/smollm2/run.sh each, about 21 min a run on 2 cores, 5 h in all). Finished runs under out/smollm2-study are reused:
 # stop it any time and run it again to continue. Then the tables, CSV and curves under studies/smollm2/results/.
 smollm2-study: $(E2E_STAMP)
 	$(E2E_VENV)/bin/python studies/smollm2/study.py run --seeds 3 --out out/smollm2-study

@@ -23,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -42,6 +43,9 @@ def _reward_func():
 
 
 def evaluate(model: Path, eval_file: Path, samples: int, seed: int, max_tokens: int) -> dict:
+    # vLLM's CPU build sizes its KV cache from this variable (default: most of the machine's memory)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     import vllm
     from transformers import AutoTokenizer
 

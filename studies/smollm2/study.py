@@ -8,7 +8,8 @@ clip, Clip-Higher, band-kl, band-kl with the floor 0.8 and CISPO, paired seeds f
 `run` calls run.sh once per (seed, method), seed by seed so that a stopped study still holds whole
 pairs, and skips runs whose summary.json exists: the study resumes where it stopped, across sessions.
 Pairing: every method of a seed starts from the same model with the same --train.seed (prompt order,
-vLLM's engine seed), so the first rollout is the same for all methods. `report` writes summary.txt
+vLLM's engine seed); vLLM's CPU engine does not repeat its sampling noise, so even the first rollouts
+differ (docs/e2e_cpu.md): compare over seeds. `report` writes summary.txt
 (held-out reward and entropy after training, paired differences to clip with sd over seeds, the
 starting model's token bins and each method's first-step clip rate per bin), summary.json, steps.csv
 and curves.png.
@@ -67,15 +68,24 @@ def first_step_bins(run: Path, metrics: dict[str, dict[str, float]], calls_per_s
     }
 
 
+def calls_per_step(run: Path) -> int:
+    """Loss calls (micro-batches) of one training step of `run`, from its args.txt (run.sh's flags)."""
+    args = (run / "args.txt").read_text().split("\n")
+
+    def value(flag: str) -> int:
+        return int(args[len(args) - 1 - args[::-1].index(flag) + 1])  # the last occurrence wins, as in argparse
+
+    return -(
+        -value("--rollout.batch_size") * value("--rollout.n_samples_per_prompt") // value("--train.micro_batch_size")
+    )
+
+
 def summarize(run: Path, before: Path, seconds: float) -> dict:
     from openrlhf_band.recipe.results import load_scalars
 
     scalars = load_scalars(run / "tensorboard")
     metrics = {tag: {str(step): v for step, v in series.items()} for tag, series in scalars.items()}
-    args = (run / "args.txt").read_text().split("\n")
-    value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
-    samples = int(value("--rollout.batch_size")) * int(value("--rollout.n_samples_per_prompt"))
-    calls = -(-samples // int(value("--train.micro_batch_size")))
+    calls = calls_per_step(run)
     steps = max((int(s) for s in metrics.get("train/rollout/reward_mean", {})), default=0)
     summary = {
         "before": json.loads(before.read_text()),
@@ -88,6 +98,71 @@ def summarize(run: Path, before: Path, seconds: float) -> dict:
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+BIN_METHODS = ("clip", "clip-higher", "band-kl")  # the paper's argument: the fixed clips against the kl band
+
+
+def first_step(out: Path, methods: list[str]) -> int:
+    """One step of each method from the same model and seed, for the per-bin clip rates (vLLM's CPU
+    sampling does not repeat its noise, so the rollouts differ: docs/e2e_cpu.md); then the starting
+    model's token bins (evaluate.py) and token_bins.txt / .json."""
+    status = 0
+    for method in methods:
+        run_dir = out / method
+        if (run_dir / "tensorboard").is_dir() and (run_dir / "args.txt").exists():
+            continue
+        args = ["bash", str(RUN_SH), str(run_dir), *METHODS[method], "--train.seed", str(SEED0)]
+        print(f"[study] first step of {method}", flush=True)
+        env = {**os.environ, "SMOL_STEPS": "1", "SMOL_EVAL_SAMPLES": "0"}
+        status |= subprocess.run(args, env=env).returncode
+    return status
+
+
+def token_bins(out: Path, before: Path, docs: Path, command: str) -> str:
+    from openrlhf_band.recipe.results import load_scalars
+
+    start = json.loads(before.read_text())
+    rows = {}
+    for method in METHODS:
+        run_dir = out / method
+        if not (run_dir / "args.txt").exists():
+            continue
+        metrics = {t: {str(k): v for k, v in s.items()} for t, s in load_scalars(run_dir / "tensorboard").items()}
+        rows[method] = first_step_bins(run_dir, metrics, calls_per_step(run_dir)) | {
+            "ppo_clip_ratio": metrics.get("train/ppo_clip_ratio", {}).get("1"),
+            "ppo_kl": metrics.get("train/ppo_kl", {}).get("1"),
+        }
+    lines = [
+        f"command: {command}",
+        f"starting model, its own sampled reply tokens ({start['tokens']} tokens: {start['prompts']} held-out "
+        f"prompts x {start['samples_per_prompt']} samples, T=1), share per probability bin:",
+        "  " + "  ".join(f"{b} {start['token_bins'][b]:.3f}" for b in BIN_NAMES),
+        "",
+        "first training step (same model, same seed; vLLM's CPU sampling does not repeat, so each method's "
+        "rollout differs), share of tokens per old-probability bin and the clip rate within it (clipped / tokens):",
+        f"{'method':<13}" + "".join(f"{'share ' + b:>17}{'clip ' + b:>17}" for b in BIN_NAMES)
+        + f"{'clip all':>10}{'ppo_kl':>9}",
+    ]  # fmt: skip
+    for method, row in rows.items():
+        if not row.get("tokens"):
+            continue
+        rates = [row["clip_rate"][b] for b in BIN_NAMES]
+        cells = "".join(
+            f"{row['tokens'][b]:>17.4f}" + (f"{rate:>17.4f}" if rate is not None else f"{'-':>17}")
+            for b, rate in zip(BIN_NAMES, rates)
+        )
+        lines.append(f"{method:<13}{cells}{row['ppo_clip_ratio']:>10.4f}{row['ppo_kl']:>9.4f}")
+    text = "\n".join(lines) + "\n"
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "token_bins.txt").write_text(text)
+    record = {
+        "command": command,
+        "starting_model": {k: v for k, v in start.items() if k != "model"},
+        "first_step": rows,
+    }
+    (docs / "token_bins.json").write_text(json.dumps(record, indent=1) + "\n")
+    return text
 
 
 def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
@@ -249,6 +324,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
     p.add_argument("--docs", type=Path, default=Path("studies/smollm2/results"))
     p.add_argument("--command-line", default="make smollm2-study", help="the command recorded in summary.txt")
+    f = sub.add_parser("first-step", help="one step of clip, Clip-Higher and band-kl, then token_bins.txt")
+    f.add_argument("--out", type=Path, default=Path("out/smollm2-first-step"))
+    f.add_argument("--methods", nargs="+", default=list(BIN_METHODS), choices=list(METHODS))
+    f.add_argument("--before", type=Path, required=True, help="evaluate.py's JSON of the starting model")
+    f.add_argument("--docs", type=Path, default=Path("studies/smollm2/results"))
     s = sub.add_parser("summarize")
     s.add_argument("--run", type=Path, required=True)
     s.add_argument("--before", type=Path, required=True)
@@ -256,6 +336,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "run":
         return run(args.out, args.seeds, args.methods, args.steps)
+    if args.command == "first-step":
+        status = first_step(args.out, args.methods)
+        command = f"python studies/smollm2/study.py first-step --before {args.before}"
+        print(token_bins(args.out, args.before, args.docs, command), end="")
+        return status
     if args.command == "summarize":
         summarize(args.run, args.before, args.seconds)
         return 0
