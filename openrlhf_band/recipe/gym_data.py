@@ -32,8 +32,8 @@ passes to the chat template): K solved items of the same task, each a user turn 
 assistant turn (`<answer>ANSWER</answer>`), then the question as the last user turn; no system prompt
 (the model's chat template adds its own). The K items come from their own derived seed, the same for
 every row of a task, and their questions are in neither split. A 135M instruct model never writes
-answer tags after reasoning-gym's system prompt (0 of 256 replies scored) and follows two shown turns
-in 97% of replies (docs/smollm2_study.md).
+answer tags after reasoning-gym's system prompt (0 of 256 held-out replies) and writes them after two
+shown turns in 87% (docs/smollm2_study.md).
 
 OpenRLHF 0.11.2 flags for these files::
 

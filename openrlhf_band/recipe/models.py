@@ -10,8 +10,9 @@ Q8_0 embeddings). Preparing it:
    are float32 numbers, bf16 would round them) and writes a safetensors folder;
 3. two conversion defects are fixed (`FIXES`): the GGUF's tokenizer names `<|im_start|>` (id 1) as its
    eos, while the chat model ends every turn with `<|im_end|>` (id 2), so a sampler stopping at eos
-   would never stop; and transformers 5 writes `rope_theta` only inside `rope_parameters`, where a
-   reader looking for the top-level key falls back to 10000 instead of the model's 100000;
+   would not stop at the end of the model's turn; and transformers 5 writes `rope_theta` only inside
+   `rope_parameters`, where a reader looking for the top-level key falls back to 10000 instead of the
+   model's 100000;
 4. verified: the folder's greedy continuations of fixed chat prompts equal the GGUF-loaded model's,
    token for token, and (where vLLM is installed) vLLM's first greedy tokens equal transformers'.
    The results go to OUT/PREPARED.json; a folder whose PREPARED.json names the current

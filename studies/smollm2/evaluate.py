@@ -7,10 +7,11 @@ the reasoning-gym reward file that trains them.
 - mean_reward: the mean accuracy (the library's scorer, in [0, 1]) over every held-out prompt and
   sample; reward_<task> per task; answer_found: the share of replies with an <answer> tag.
 - entropy: the mean negative log-probability of the sampled reply tokens (nats; vLLM's log-prob of
-  each sampled token at temperature 1, the end token included). At temperature 1 it is an unbiased
-  estimate of the policy's mean token entropy over the same positions (E_x~p[-log p(x)] = H(p) at
-  each position); unlike the learning study's exact entropy it carries sampling noise, reported as
-  entropy_se.
+  each sampled token at temperature 1, the end token included). At each position E_x~p[-log p(x)] =
+  H(p), so it estimates the policy's mean token entropy over the positions its replies visit; pooled
+  over replies of random length it is a ratio estimator (consistent, not unbiased). Unlike the
+  learning study's exact entropy it carries sampling noise: entropy_se is its standard error with the
+  reply as the unit (tokens of one reply are not independent).
 - token_bins: the share of sampled reply tokens whose probability under this policy lies in each bin
   of the band's metrics (p < 0.01, 0.01-0.1, 0.1-0.5, >= 0.5): for the starting model, where a real
   LM's sampled tokens are (docs/smollm2_study.md).
@@ -42,6 +43,17 @@ def _reward_func():
     return module.reward_func
 
 
+def _ratio_se(sums: list[float], counts: list[int]) -> float:
+    """Standard error of sum(sums) / sum(counts) with the reply as the unit (the delta method for a
+    ratio estimator): sqrt(sum((s_i - R n_i)^2) / (m (m - 1))) / mean(n)."""
+    m = len(sums)
+    if m < 2 or sum(counts) == 0:
+        return float("nan")
+    ratio = sum(sums) / sum(counts)
+    residual = sum((s - ratio * n) ** 2 for s, n in zip(sums, counts))
+    return math.sqrt(residual / (m * (m - 1))) / (sum(counts) / m)
+
+
 def evaluate(model: Path, eval_file: Path, samples: int, seed: int, max_tokens: int) -> dict:
     # vLLM's CPU build sizes its KV cache from this variable (default: most of the machine's memory)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -59,6 +71,7 @@ def evaluate(model: Path, eval_file: Path, samples: int, seed: int, max_tokens: 
     outputs = llm.generate(prompts, params)
 
     queries, prompt_of, labels, tasks, nll, lengths, truncated = [], [], [], [], [], [], 0
+    reply_nll: list[float] = []  # per reply: the sum of its tokens' negative log-probabilities
     bins = dict.fromkeys((name for _, _, name in BINS), 0)
     for row, prompt, output in zip(rows, prompts, outputs):
         for completion in output.outputs:
@@ -68,9 +81,11 @@ def evaluate(model: Path, eval_file: Path, samples: int, seed: int, max_tokens: 
             tasks.append(row.get("datasource", "default"))
             lengths.append(len(completion.token_ids))
             truncated += completion.finish_reason == "length"
+            reply_nll.append(0.0)
             for token, logprobs in zip(completion.token_ids, completion.logprobs):
                 lp = logprobs[token].logprob
                 nll.append(-lp)
+                reply_nll[-1] -= lp
                 p = math.exp(lp)
                 name = next(n for lo, hi, n in BINS if lo <= p < hi or (hi == 1.0 and p >= lo))
                 bins[name] += 1
@@ -92,7 +107,7 @@ def evaluate(model: Path, eval_file: Path, samples: int, seed: int, max_tokens: 
         **{f"reward_{task}": statistics.fmean(v) for task, v in sorted(by_task.items())},
         "answer_found": float(found.float().mean()) if found is not None else None,
         "entropy": statistics.fmean(nll),
-        "entropy_se": statistics.stdev(nll) / math.sqrt(tokens) if tokens > 1 else float("nan"),
+        "entropy_se": _ratio_se(reply_nll, lengths),
         "reply_tokens": statistics.fmean(lengths),
         "truncated": truncated / len(lengths),
         "tokens": tokens,

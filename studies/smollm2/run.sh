@@ -15,7 +15,7 @@
 # run's cost. The trained weights are deleted afterwards unless SMOL_KEEP_MODEL=1 (540 MB a run).
 #
 # Environment: SMOL_STEPS (default 8) rollouts; SMOL_PROMPTS (4) and SMOL_SAMPLES (8: groups of 8, so that at
-# a 10% start most groups hold a success) per rollout;
+# a 7% start about half the groups hold a success) per rollout;
 # SMOL_LR (3e-5); SMOL_EVAL_SAMPLES (4; 0 = no evaluation after the run) samples per held-out prompt;
 # SMOL_MODEL (default .venv-e2e/models/smollm2-135m-instruct) and SMOL_DATA (.venv-e2e/smollm2-data),
 # made when missing (SMOL_SIZE training prompts, default 300; SMOL_EVAL_SIZE held-out per task, 32);
@@ -41,8 +41,8 @@ make -s -C "$ROOT" e2e-venv >&2
 echo "[smollm2] the model ($MODEL)" >&2
 "$VENV/bin/openrlhf-band" prepare-model smollm2-135m-instruct "$MODEL" >&2
 # The tasks: easy enough that the 135M model solves some at the start (two shots, T=1, the held-out split:
-# chain_sum 10.5%, spell_backward 8.6% of replies; leg_counting 0.9% was dropped), so that GRPO groups have
-# advantages (docs/smollm2_study.md).
+# chain_sum 6.6%, spell_backward 8.2% of replies, results/token_bins.json; leg_counting, about 1% in a pilot,
+# was dropped), so that GRPO groups have advantages (docs/smollm2_study.md).
 PREPARE=(
   --source reasoning-gym --tasks "chain_sum,spell_backward" --size "${SMOL_SIZE:-300}"
   --eval-size "${SMOL_EVAL_SIZE:-32}" --seed 7
@@ -56,8 +56,13 @@ if [[ "$(cat "$DATA/PREPARE_ARGS" 2>/dev/null)" != "${PREPARE[*]}" ]]; then
   echo "${PREPARE[*]}" > "$DATA/PREPARE_ARGS"
 fi
 
+if (( PROMPTS * SAMPLES % 4 != 0 )); then
+  echo "[smollm2] SMOL_PROMPTS x SMOL_SAMPLES = $((PROMPTS * SAMPLES)) must be a multiple of 4 (4 mini-batches a rollout)" >&2
+  exit 2
+fi
 TRAIN_BATCH=$((PROMPTS * SAMPLES / 4))
-MICRO=$((TRAIN_BATCH < 8 ? TRAIN_BATCH : 8))
+MICRO=8  # the largest divisor of the mini-batch up to 8 (DeepSpeed: batch = micro x accumulation steps)
+while (( TRAIN_BATCH % MICRO != 0 )); do MICRO=$((MICRO - 1)); done
 SMOL_ARGS=(
   --actor.model_name_or_path "$MODEL"
   --data.prompt_dataset "$DATA/train.jsonl" --data.input_key prompt --data.label_key label
@@ -79,7 +84,8 @@ printf '%s\n' "${SMOL_ARGS[@]}" "$@" > "$OUT_DIR/args.txt"
 if [[ "$EVAL_SAMPLES" -gt 0 ]]; then
   seed="$(grep -A1 -- '--train.seed' "$OUT_DIR/args.txt" | tail -n 1 | grep -E '^[0-9]+$' || echo 42)"
   mkdir -p "$CACHE"
-  before="$CACHE/before-n$EVAL_SAMPLES-seed$seed-$(md5sum < "$DATA/eval.jsonl" | cut -c1-8).json"
+  key="$(cat "$DATA/eval.jsonl" "$MODEL/PREPARED.json" | md5sum | cut -c1-8)"  # the held-out rows and the model
+  before="$CACHE/before-n$EVAL_SAMPLES-seed$seed-$key.json"
   if [[ ! -s "$before" ]]; then
     echo "[smollm2] held-out evaluation of the starting model" >&2
     "$PY" "$ROOT/studies/smollm2/evaluate.py" "$MODEL" "$DATA/eval.jsonl" --samples "$EVAL_SAMPLES" --seed "$seed" --out "$before" >&2
@@ -89,6 +95,6 @@ if [[ "$EVAL_SAMPLES" -gt 0 ]]; then
   "$PY" "$ROOT/studies/smollm2/evaluate.py" "$OUT_DIR/model" "$DATA/eval.jsonl" --samples "$EVAL_SAMPLES" --seed "$seed" \
     --out "$OUT_DIR/after.json" >&2
   "$PY" "$ROOT/studies/smollm2/study.py" summarize --run "$OUT_DIR" --before "$before" --seconds "$seconds" >&2
-  [[ "${SMOL_KEEP_MODEL:-0}" == 1 ]] || rm -rf "$OUT_DIR/model" "$OUT_DIR/ckpt"
 fi
+[[ "${SMOL_KEEP_MODEL:-0}" == 1 ]] || rm -rf "$OUT_DIR/model" "$OUT_DIR/ckpt"
 echo "[smollm2] done: $OUT_DIR" >&2

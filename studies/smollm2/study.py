@@ -132,6 +132,9 @@ def token_bins(out: Path, before: Path, docs: Path, command: str) -> str:
         rows[method] = first_step_bins(run_dir, metrics, calls_per_step(run_dir)) | {
             "ppo_clip_ratio": metrics.get("train/ppo_clip_ratio", {}).get("1"),
             "ppo_kl": metrics.get("train/ppo_kl", {}).get("1"),
+            "step_seconds": metrics.get("train/timing/step_total", {}).get("1"),
+            "tokens_per_sample": metrics.get("train/total_length", {}).get("1"),  # prompt + reply
+            "reply_tokens": metrics.get("train/rollout/response_length_mean", {}).get("1"),
         }
     lines = [
         f"command: {command}",
@@ -317,7 +320,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")
     r.add_argument("--seeds", type=int, default=3)
-    r.add_argument("--steps", type=int, default=10)
+    r.add_argument("--steps", type=int, default=8)
     r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     r.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
     p = sub.add_parser("report")

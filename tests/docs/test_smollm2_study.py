@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,18 @@ def test_the_page_says_what_the_harness_runs():
         assert option in PAGE, option
     tasks = re.search(r'--tasks "([^"]+)"', prepare).group(1)
     assert f"--tasks {tasks}" in PAGE and "--shots 2" in prepare and "--shots 2" in PAGE
+
+
+def test_the_pages_no_shots_and_cost_figures():
+    no_shots = json.loads((RESULTS / "no_shots.json").read_text())
+    replies = no_shots["prompts"] * no_shots["samples_per_prompt"]
+    found = round(no_shots["answer_found"] * replies)
+    assert f"{found} of {replies} held-out replies carry" in PAGE
+    assert f"{no_shots['truncated']:.0%} run into the 24-token budget" in PAGE
+    bins = json.loads((RESULTS / "token_bins.json").read_text())
+    start = bins["starting_model"]
+    assert f"{start['answer_found']:.0%} of its replies carry the tag and {1 - start['truncated']:.0%} end" in PAGE
+    seconds = [row["step_seconds"] for row in bins["first_step"].values()]
+    assert f"A step costs {min(seconds):.0f}-{max(seconds):.0f} s here" in PAGE
+    lengths = [row["tokens_per_sample"] for row in bins["first_step"].values()]
+    assert f"32 samples of about {statistics.fmean(lengths):.0f} tokens" in PAGE

@@ -324,7 +324,6 @@ def task_run(e2e_root: Path, name: str, data: Path, task: str) -> Run:
 SMOL_SH = ROOT / "studies" / "smollm2" / "run.sh"
 SMOL_MODEL = ROOT / ".venv-e2e" / "models" / "smollm2-135m-instruct"
 SMOL_TASKS = {"chain_sum", "spell_backward"}
-SMOL_MAX_NEW_TOKENS = 24  # studies/smollm2/run.sh
 
 
 @pytest.fixture(scope="session")
@@ -337,7 +336,7 @@ def gym_run(e2e_root) -> Run:
     data = e2e_root / "smollm2-data"
     # --data.max_samples (steps x prompts) also caps the eval set: 2 prompts, one held-out item per task
     env = {"SMOL_STEPS": "1", "SMOL_PROMPTS": "2", "SMOL_SAMPLES": "4", "SMOL_EVAL_SAMPLES": "0",
-           "SMOL_SIZE": "4", "SMOL_EVAL_SIZE": "1", "SMOL_DATA": str(data)}  # fmt: skip
+           "SMOL_SIZE": "4", "SMOL_EVAL_SIZE": "1", "SMOL_DATA": str(data), "SMOL_MODEL": str(SMOL_MODEL)}  # fmt: skip
     return trained(
         e2e_root / "smollm2", "--loss", "band", "--eval.dataset", str(data / "eval.jsonl"), "--eval.steps", "1",
         "--eval.n_samples_per_prompt", "2", "--train.batch_size", "8", "--train.micro_batch_size", "4",
@@ -400,8 +399,9 @@ def test_a_real_pretrained_model_trains_on_reasoning_gym_tasks(gym_run):
     shared = set(held) & set(trainer[0])
     assert {"model.embed_tokens.weight", "model.norm.weight"} <= shared
     assert all(held[name] == trainer[0][name] for name in shared)
-    # the chat model's replies end with <|im_end|> (prepare-model's eos fix), well before the token budget
-    assert scalars["train/rollout/response_length_mean"][1] < SMOL_MAX_NEW_TOKENS / 2
+    # the chat model's replies end (at <|im_end|>, prepare-model's eos) before the token budget: the starting
+    # model's held-out replies are 9 tokens long and 3% hit the 24-token budget (results/token_bins.json)
+    assert scalars["train/rollout/truncated_rate"][1] < 0.5
 
 
 def test_the_prepared_model_matches_its_gguf_and_vllm(gym_run):

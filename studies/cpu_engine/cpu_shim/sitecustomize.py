@@ -268,7 +268,8 @@ def _float32_on_cpu(module) -> None:
     """Only with E2E_PARAM_DTYPE=float32 (the real-model runs). OpenRLHF 0.11.2 trains and samples in
     bf16 or fp16 only: `--ds.param_dtype` accepts those two, and vLLM's dtype is fixed to bfloat16.
     A CPU without native bf16 (no AVX512_BF16 / AMX) emulates it: a forward + backward of SmolLM2-135M
-    costs ~15x float32's there (217-226 s against 14-15 s, 8 x 128 tokens); on one with it bf16 is
+    costs ~15x float32's there (217-226 s against 14-15 s, 8 x 128 tokens, measured while planning, not
+    recorded here); on one with it bf16 is
     faster (0.51x, studies/smollm2/results/dtype_cost.json). The study spans sessions on both kinds, so
     its runs use the dtype that is usable, and the same, on every CPU: the model's weights
     (convert_to_torch_dtype), DeepSpeed's config (bf16 off: float32) and vLLM's engine all go to float32.
