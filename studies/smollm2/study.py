@@ -18,7 +18,6 @@ and curves.png.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -27,6 +26,9 @@ import sys
 from pathlib import Path
 
 from openrlhf_band.integration.methods import METHOD_FLAGS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from paired_runs import load_runs, mean_sd, run_pairs, write_steps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "studies" / "smollm2" / "run.sh"
@@ -169,32 +171,12 @@ def token_bins(out: Path, before: Path, docs: Path, command: str) -> str:
 
 
 def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
-    failed = []
-    for seed in range(seeds):
-        for method in methods:
-            run_dir = out / method / f"seed{seed}"
-            if (run_dir / "summary.json").exists():
-                continue
-            args = ["bash", str(RUN_SH), str(run_dir), *METHODS[method], "--train.seed", str(SEED0 + seed)]
-            print(f"[study] {method} seed {seed}: {' '.join(args[3:])}", flush=True)
-            proc = subprocess.run(args, env={**os.environ, "SMOL_STEPS": str(steps)})
-            if proc.returncode != 0:
-                failed.append((method, seed))
-                print(f"[study] FAILED: {method} seed {seed} (exit {proc.returncode}); see {run_dir}", flush=True)
-    return 1 if failed else 0
+    chosen = {method: METHODS[method] for method in methods}
+    return run_pairs(RUN_SH, out, seeds, chosen, {"SMOL_STEPS": str(steps)}, SEED0)
 
 
 def load(out: Path) -> dict[str, dict[int, dict]]:
-    runs: dict[str, dict[int, dict]] = {}
-    for method in METHODS:
-        for summary in sorted((out / method).glob("seed*/summary.json")):
-            runs.setdefault(method, {})[int(summary.parent.name[4:])] = json.loads(summary.read_text())
-    return runs
-
-
-def _mean_sd(values: list[float], signed: bool = True, digits: int = 3) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{statistics.fmean(values):{'+' if signed else ''}.{digits}f} +- {sd:.{digits}f}"
+    return load_runs(out, list(METHODS))
 
 
 def report(out: Path, docs: Path, command: str) -> str:
@@ -217,12 +199,12 @@ def report(out: Path, docs: Path, command: str) -> str:
         f"{'method':<15}" + "".join(f"{k:>20}" for k in FINAL_KEYS) + f"{'s/step':>9}",
     ]
     for method, by_seed in runs.items():
-        cells = [_mean_sd([s["after"][k] for s in by_seed.values()], signed=False) for k in FINAL_KEYS]
+        cells = [mean_sd([s["after"][k] for s in by_seed.values()], signed=False) for k in FINAL_KEYS]
         sps = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
         lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"{sps:>9.1f}")
     lines += ["", "rise over the starting model (after - before), mean +- sd over seeds:"]
     for method, by_seed in runs.items():
-        cells = [_mean_sd([s["after"][k] - s["before"][k] for s in by_seed.values()]) for k in FINAL_KEYS]
+        cells = [mean_sd([s["after"][k] - s["before"][k] for s in by_seed.values()]) for k in FINAL_KEYS]
         lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells))
     clip_rise = [s["after"]["mean_reward"] - s["before"]["mean_reward"] for s in runs["clip"].values()]
     clip_sd = (
@@ -239,7 +221,7 @@ def report(out: Path, docs: Path, command: str) -> str:
         seeds = sorted(set(by_seed) & set(runs["clip"]))
         if not seeds:
             continue
-        cells = [_mean_sd([by_seed[i]["after"][k] - runs["clip"][i]["after"][k] for i in seeds]) for k in FINAL_KEYS]
+        cells = [mean_sd([by_seed[i]["after"][k] - runs["clip"][i]["after"][k] for i in seeds]) for k in FINAL_KEYS]
         lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"   ({len(seeds)} pairs)")
     lines += ["", "where the sampled tokens are: share of the starting model's sampled reply tokens per p bin",
               "  " + "  ".join(f"{b} {before['token_bins'][b]:.3f}" for b in BIN_NAMES)]  # fmt: skip
@@ -258,7 +240,7 @@ def report(out: Path, docs: Path, command: str) -> str:
     text = "\n".join(lines) + "\n"
     (docs / "summary.txt").write_text(text)
     (docs / "summary.json").write_text(json.dumps(_stats(runs, command), indent=1) + "\n")
-    _write_steps(runs, docs / "steps.csv")
+    write_steps(runs, docs / "steps.csv", STEP_COLUMNS)
     _plot(runs, docs / "curves.png")
     return text
 
@@ -276,17 +258,6 @@ def _stats(runs: dict[str, dict[int, dict]], command: str) -> dict:
         entry["seconds_per_step"] = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
         out["methods"][method] = entry
     return out
-
-
-def _write_steps(runs: dict[str, dict[int, dict]], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["method", "seed", "step", *(name for name, _ in STEP_COLUMNS)])
-        for method, by_seed in runs.items():
-            for seed, s in sorted(by_seed.items()):
-                for step in range(1, s["steps"] + 1):
-                    row = [s["metrics"].get(tag, {}).get(str(step)) for _, tag in STEP_COLUMNS]
-                    writer.writerow([method, seed, step, *("" if v is None else f"{v:.6g}" for v in row)])
 
 
 def _plot(runs: dict[str, dict[int, dict]], path: Path) -> None:

@@ -1,0 +1,59 @@
+"""What the studies' drivers share (studies/learn/learn_study.py, studies/smollm2/study.py): paired runs
+of named methods over seeds, one script call each, resumable; their summaries loaded back; mean +- sd;
+the per-step CSV. Each driver keeps its own script, columns, tables and plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+from pathlib import Path
+
+
+def run_pairs(
+    script: Path, out: Path, seeds: int, methods: dict[str, list[str]], env: dict[str, str], seed0: int
+) -> int:
+    """`bash script OUT/METHOD/seedI FLAGS --train.seed seed0+I` for every (seed, method), seed by seed so
+    that a stopped study still holds whole pairs; a run whose summary.json exists is skipped. 1 if any
+    run failed (the others still run), else 0."""
+    failed = []
+    for seed in range(seeds):
+        for method, flags in methods.items():
+            run_dir = out / method / f"seed{seed}"
+            if (run_dir / "summary.json").exists():
+                continue
+            args = ["bash", str(script), str(run_dir), *flags, "--train.seed", str(seed0 + seed)]
+            print(f"[study] {method} seed {seed}: {' '.join(args[3:])}", flush=True)
+            proc = subprocess.run(args, env={**os.environ, **env})
+            if proc.returncode != 0:
+                failed.append((method, seed))
+                print(f"[study] FAILED: {method} seed {seed} (exit {proc.returncode}); see {run_dir}", flush=True)
+    return 1 if failed else 0
+
+
+def load_runs(out: Path, methods: list[str]) -> dict[str, dict[int, dict]]:
+    """{method: {seed: its summary.json}} for the runs under `out` that finished."""
+    runs: dict[str, dict[int, dict]] = {}
+    for method in methods:
+        for summary in sorted((out / method).glob("seed*/summary.json")):
+            runs.setdefault(method, {})[int(summary.parent.name[4:])] = json.loads(summary.read_text())
+    return runs
+
+
+def mean_sd(values: list[float], signed: bool = True) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{statistics.fmean(values):{'+' if signed else ''}.3f} +- {sd:.3f}"
+
+
+def write_steps(runs: dict[str, dict[int, dict]], path: Path, columns: list[tuple[str, str]]) -> None:
+    """One row per (method, seed, step): each (csv name, TensorBoard tag) column from the run's metrics."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "seed", "step", *(name for name, _ in columns)])
+        for method, by_seed in runs.items():
+            for seed, s in sorted(by_seed.items()):
+                for step in range(1, s["steps"] + 1):
+                    row = [s["metrics"].get(tag, {}).get(str(step)) for _, tag in columns]
+                    writer.writerow([method, seed, step, *("" if v is None else f"{v:.6g}" for v in row)])
