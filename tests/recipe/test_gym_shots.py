@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -214,20 +213,7 @@ def test_eval_items_that_are_shown_are_counted_as_shots_overlap(monkeypatch):
 # ----------------------------------------------------------------------------- prepare-data --shots
 
 
-@pytest.fixture
-def prepare(monkeypatch, capsys):
-    """`openrlhf-band prepare-data ARGS` in this process: (exit status, stdout, stderr)."""
-    from openrlhf_band.tools import cli
-
-    monkeypatch.setenv("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", ""))  # cli.main extends it
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        status = cli.main(["prepare-data", *argv])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+# `prepare`: tests/recipe/conftest.py
 
 
 def test_prepare_data_shots_writes_the_chat_rows(prepare, tmp_path):

@@ -110,20 +110,7 @@ def test_cli_preflight():
 # ============================================================================= prepare-data through the CLI
 
 
-@pytest.fixture
-def prepare(monkeypatch, capsys):
-    """`openrlhf-band prepare-data ARGS` in this process: (exit status, stdout, stderr)."""
-    from openrlhf_band.tools import cli
-
-    monkeypatch.setenv("PYTHONWARNINGS", os.environ.get("PYTHONWARNINGS", ""))  # cli.main extends it
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        status = cli.main(["prepare-data", *argv])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+# `prepare`: tests/recipe/conftest.py
 
 
 def _read(out: Path) -> tuple[list[dict], list[dict], dict]:
