@@ -31,9 +31,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from openrlhf_band.integration.metrics import _BIN_NAMES, METRIC_PROB_BINS
+
 ROOT = Path(__file__).resolve().parents[2]
 REWARD_FILE = ROOT / "openrlhf_band" / "recipe" / "gym_reward.py"
-BINS = ((0.0, 0.01, "p<0.01"), (0.01, 0.1, "p0.01-0.1"), (0.1, 0.5, "p0.1-0.5"), (0.5, 1.0, "p>=0.5"))
+# the band's metric bins (band/tokens_<bin>): (lo, hi, name), the last one closed at 1
+BINS = tuple(zip(METRIC_PROB_BINS[:-1], METRIC_PROB_BINS[1:], _BIN_NAMES))
 
 
 def _reward_func():

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from openrlhf_band.integration.methods import METHOD_FLAGS
+from openrlhf_band.integration.metrics import _BIN_NAMES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paired_runs import load_runs, mean_sd, run_pairs, write_steps  # noqa: E402
@@ -36,7 +37,7 @@ RUN_SH = ROOT / "studies" / "smollm2" / "run.sh"
 #: up best against the band on the CPU demo (docs/objectives.md)
 METHODS = {name: list(METHOD_FLAGS[name]) for name in ("clip", "clip-higher", "band-kl", "band-kl-floor", "cispo")}
 SEED0 = 42
-BIN_NAMES = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
+BIN_NAMES = _BIN_NAMES  # the band's metric bins (band/tokens_<bin>, band/clipped_<bin>)
 STEP_COLUMNS = [
     ("rollout_reward", "train/rollout/reward_mean"),
     ("reply_tokens", "train/rollout/response_length_mean"),
