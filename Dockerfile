@@ -1,10 +1,17 @@
 # GPU image for BandPO on OpenRLHF 0.11.2's Ray + vLLM + DeepSpeed hybrid engine.
 #
 #   docker build -t openrlhf-band .
-#   docker run --gpus all --shm-size=32g --ipc=host -it -v "$PWD/data:/workspace/data" openrlhf-band
+#   mkdir -p data runs results
+#   docker run --gpus all --ipc=host -it -v "$PWD/data:/workspace/data" -v "$PWD/runs:/workspace/runs" \
+#     -v "$PWD/results:/workspace/results" openrlhf-band
 #
-# --shm-size: Ray's object store and NCCL use /dev/shm; Docker's 64 MB default breaks them
-# (32 GB or --ipc=host). Non-root: docker build --build-arg USER_UID=1000 ... runs as user "rl".
+# The container starts in the repository, /workspace/openrlhf-band, so README's GPU quick start runs as
+# written; its data, runs and results are links to /workspace/data, /workspace/runs and /workspace/results,
+# the three mounts above, so prepared data, every run's outputs (train.log, TensorBoard, checkpoints, the
+# model) and the results table outlive the container (tests/recipe/test_dockerfile.py lays a tree out from
+# this file and runs the quick start in it).
+# --ipc=host: Ray's object store and NCCL use /dev/shm; Docker's 64 MB default breaks them (or
+# --shm-size=32g instead). Non-root: docker build --build-arg USER_UID=1000 ... runs as user "rl".
 #
 # Every Python package is locked: requirements/gpu-lock.txt (make locks: requirements/gpu.txt resolved for Linux
 # x86_64 / CPython 3.12, at the CPU tests' versions wherever the CUDA stack allows) pins all ~260 of them with
@@ -112,9 +119,13 @@ RUN pip install --no-deps --no-build-isolation . \
     && ! grep -E "^  (released|modified) " /tmp/patch-status \
     && DRY_RUN=1 MODEL=/nonexistent DATA_DIR=/workspace/data bash examples/scripts/bandpo_kl.sh
 
-RUN if [ "${USER_UID}" != "0" ]; then \
+# the repository's data, runs and results are the mount points (the header); .dockerignore keeps a local
+# data/, runs/ or results/ out of the context, so ln -T never meets one
+RUN for dir in data runs results; do \
+      mkdir -p "/workspace/${dir}" && ln -s -T "/workspace/${dir}" "${dir}"; \
+    done \
+    && if [ "${USER_UID}" != "0" ]; then \
       useradd --create-home --uid "${USER_UID}" rl && chown -R rl /workspace; \
     fi
 USER ${USER_UID}
-WORKDIR /workspace
 CMD ["bash"]

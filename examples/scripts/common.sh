@@ -12,18 +12,28 @@
 #                    launcher runs prepare-data into it first, with PREPARE_ARGS (word-split) added, e.g.
 #                    PREPARE_ARGS="--tasks leg_counting,chain_sum --size 20000" for reasoning-gym
 #   EVAL_N           samples per eval prompt (default 32: mean@32 / pass@32, or pass@1 / pass@32 for code)
-#   OUTPUT_ROOT      where runs go            (default ./runs; a run is OUTPUT_ROOT/METHOD-seedSEED)
+#   OUTPUT_ROOT      where runs go            (default ./runs; a run is OUTPUT_ROOT/METHOD-seedSEED, holding
+#                    train.log, tensorboard/, ckpt/ and model/). DATA_DIR and OUTPUT_ROOT reach OpenRLHF as
+#                    absolute paths; on a multi-node cluster both must be on storage every node mounts at
+#                    the same path (a checkpoint is written by every rank)
 #   SEED             training seed            (default 42; the paper repeats 3 seeds)
 #   NNODES           nodes                    (default 1)
 #   GPUS_PER_NODE    GPUs per node            (default 8)
 #   VLLM_TP          vLLM tensor parallel size (default 1; engines = NNODES * GPUS_PER_NODE / VLLM_TP)
 #   RAY_ADDRESS      a Ray dashboard address (http://HEAD:8265): submit with `ray job submit`
 #                    (multi-node: `ray start --head` on the head, `ray start --address HEAD:6379`
-#                    on the others); unset: run train_ppo_ray here (it starts/joins Ray itself)
+#                    on the others; docs/recipe.md#multi-node); unset: run train_ppo_ray here (it
+#                    starts/joins Ray itself)
+#   RAY_WORKING_DIR  what `ray job submit` uploads as the job's working directory (default .: a relative
+#                    path in EXTRA_ARGS, e.g. your own reward file, then works on every node); data, runs,
+#                    environments and .git are never uploaded (openrlhf_band/recipe/ray_job.py); none:
+#                    upload nothing
 #   WANDB_API_KEY    log to Weights & Biases (project WANDB_PROJECT, default openrlhf-band)
 #   NO_TENSORBOARD=1 do not write TensorBoard logs (default: OUTPUT_DIR/tensorboard)
 #   EPISODES         --train.num_episodes     (default 1; set the step count via dataset size)
 #   FUSED_LOGPROBS=0 OpenRLHF's released forward (full float32 logits) instead of --ds.fused_logprobs
+#   SLEEP_MODE=0     no --vllm.enable_sleep --ds.enable_sleep: engines and training keep their memory
+#                    between phases (a GPU with room for both, or a platform without sleep mode)
 #   DRY_RUN=1        validate the full argument list with `openrlhf-band check-args` and exit
 #   EXTRA_ARGS       appended to the argument list verbatim (word-split)
 #   ATTN             flash_attention_2 (with --ds.packing_samples) or sdpa (without); default: the
@@ -45,8 +55,13 @@ launch() {
   local gpus="${GPUS_PER_NODE:-8}"
   local vllm_tp="${VLLM_TP:-1}"
   local engines=$(( nnodes * gpus / vllm_tp ))
-  local output_dir="${OUTPUT_ROOT:-./runs}/${METHOD}-seed${seed}"
-  if [[ "$task" != math ]]; then output_dir="${OUTPUT_ROOT:-./runs}/$task/${METHOD}-seed${seed}"; fi
+  # Absolute paths: a job submitted to a cluster runs in Ray's copy of the working directory, where a
+  # relative path would read and write somewhere the user never looks (and not on every node).
+  data_dir="$(realpath -m -- "$data_dir")"
+  local output_root
+  output_root="$(realpath -m -- "${OUTPUT_ROOT:-./runs}")"
+  local output_dir="$output_root/${METHOD}-seed${seed}"
+  if [[ "$task" != math ]]; then output_dir="$output_root/$task/${METHOD}-seed${seed}"; fi
   local reward_py attn="${ATTN:-auto}"
   # Packing (--ds.packing_samples) is OpenRLHF's flash-attn path (variable-length kernels); without
   # flash-attn every micro-batch is padded to its longest sample instead. (transformers can mask
@@ -73,13 +88,17 @@ launch() {
   if [[ "${FUSED_LOGPROBS:-1}" == 0 ]]; then
     fused_args=()
   fi
+  local sleep_args=(--vllm.enable_sleep --ds.enable_sleep)
+  if [[ "${SLEEP_MODE:-1}" == 0 ]]; then
+    sleep_args=()
+  fi
 
   local args=(
     --actor.model_name_or_path "$model"
     --actor.num_nodes "$nnodes" --actor.num_gpus_per_node "$gpus"
     --ref.num_nodes "$nnodes" --ref.num_gpus_per_node "$gpus"
     --vllm.num_engines "$engines" --vllm.tensor_parallel_size "$vllm_tp"
-    --vllm.gpu_memory_utilization 0.6 --vllm.enable_sleep --ds.enable_sleep
+    --vllm.gpu_memory_utilization 0.6 "${sleep_args[@]}"
     --train.colocate_all --ds.zero_stage 3 --ds.param_dtype bf16
     --actor.gradient_checkpointing_enable "${attn_args[@]}"
     # log-probs (and entropy) from the hidden states inside lm_head, one chunk of logits at a time
@@ -119,8 +138,10 @@ launch() {
     args+=(${EXTRA_ARGS})
   fi
 
+  # status lines go to stderr: a dry run's stdout is check-args' JSON alone (| jq works)
+  echo "[$METHOD] data: $data_dir; outputs: $output_dir (train.log, tensorboard, ckpt, model)" >&2
   if [[ -n "${DRY_RUN:-}" ]]; then
-    echo "[$METHOD] dry run: validating ${#args[@]} arguments with the patched OpenRLHF parser"
+    echo "[$METHOD] dry run: validating ${#args[@]} arguments with the patched OpenRLHF parser" >&2
     openrlhf-band check-args -- "${args[@]}"
     return
   fi
@@ -128,10 +149,15 @@ launch() {
   mkdir -p "$output_dir"
   printf '{"method": "%s", "seed": %s, "model": "%s", "task": "%s"}\n' "$METHOD" "$seed" "$model" "$task" \
     > "$output_dir/run.json"
+  # the run's log goes to the terminal and to OUTPUT_DIR/train.log (pipefail: the run's status is kept)
   if [[ -n "${RAY_ADDRESS:-}" ]]; then
-    ray job submit --address="$RAY_ADDRESS" --runtime-env-json='{"working_dir": "."}' \
-      -- python3 -m openrlhf.cli.train_ppo_ray "${args[@]}"
+    local runtime_env
+    runtime_env="$(python3 -m openrlhf_band.recipe.ray_job runtime-env --working-dir "${RAY_WORKING_DIR:-.}" \
+      --exclude-path "$data_dir" --exclude-path "$output_root")"
+    echo "[$METHOD] ray job submit to $RAY_ADDRESS, runtime env $runtime_env" >&2
+    ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$runtime_env" \
+      -- python3 -m openrlhf.cli.train_ppo_ray "${args[@]}" 2>&1 | tee "$output_dir/train.log"
   else
-    python3 -m openrlhf.cli.train_ppo_ray "${args[@]}"
+    python3 -m openrlhf.cli.train_ppo_ray "${args[@]}" 2>&1 | tee "$output_dir/train.log"
   fi
 }

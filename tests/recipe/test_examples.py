@@ -75,7 +75,7 @@ def dry_run(script: str, tmp_path: Path, **extra_env: str) -> dict:
     env.update(extra_env)
     done = subprocess.run(["bash", str(SCRIPTS / script)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return json.loads(done.stdout[done.stdout.index("{") :])
+    return json.loads(done.stdout)  # stdout is check-args' JSON alone: status lines go to stderr (| jq works)
 
 
 def test_every_script_is_covered():
@@ -151,3 +151,30 @@ def test_the_dppo_scripts_refuse_a_dual_clip(tmp_path):
 
 def test_fused_logprobs_can_be_switched_off(tmp_path):
     assert dry_run("grpo_clip.sh", tmp_path, FUSED_LOGPROBS="0")["fused_logprobs"] is False
+
+
+def launched_arguments(tmp_path: Path, **extra_env: str) -> list[str]:
+    """The argument list common.sh hands check-args, seen by a stand-in `openrlhf-band` first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    stand_in = bin_dir / "openrlhf-band"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    stand_in.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{BASE_ENV['PATH']}"
+    env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path / "data"), "PATH": path}
+    env.update(extra_env)
+    done = subprocess.run(["bash", str(SCRIPTS / "bandpo_kl.sh")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_sleep_mode_is_on_unless_switched_off_and_paths_are_absolute(tmp_path):
+    args = launched_arguments(tmp_path)
+    assert args[:2] == ["check-args", "--"] and {"--vllm.enable_sleep", "--ds.enable_sleep"} <= set(args)
+    off = launched_arguments(tmp_path / "off", SLEEP_MODE="0", OUTPUT_ROOT="rel/runs")
+    assert not {"--vllm.enable_sleep", "--ds.enable_sleep"} & set(off)
+    # DATA_DIR and OUTPUT_ROOT reach OpenRLHF as absolute paths (a cluster job runs in Ray's own folder)
+    for flag in ("--data.prompt_dataset", "--eval.dataset", "--ckpt.path", "--ckpt.output_dir",
+                 "--logger.tensorboard_dir"):
+        assert Path(off[off.index(flag) + 1]).is_absolute(), (flag, off)
+    assert off[off.index("--ckpt.path") + 1] == str(Path.cwd() / "rel" / "runs" / "bandpo-kl-seed42" / "ckpt")
