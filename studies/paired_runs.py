@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -16,14 +17,16 @@ def run_pairs(
     script: Path, out: Path, seeds: int, methods: dict[str, list[str]], env: dict[str, str], seed0: int
 ) -> int:
     """`bash script OUT/METHOD/seedI FLAGS --train.seed seed0+I` for every (seed, method), seed by seed so
-    that a stopped study still holds whole pairs; a run whose summary.json exists is skipped. 1 if any
-    run failed (the others still run), else 0."""
+    that a stopped study still holds whole pairs; a run whose summary.json exists is skipped, one without is
+    started afresh (its folder removed first). 1 if any run failed (the others still run), else 0."""
     failed = []
     for seed in range(seeds):
         for method, flags in methods.items():
             run_dir = out / method / f"seed{seed}"
             if (run_dir / "summary.json").exists():
                 continue
+            if run_dir.exists():  # a failed or stopped run's leftovers: its TensorBoard events would mix in
+                shutil.rmtree(run_dir)
             args = ["bash", str(script), str(run_dir), *flags, "--train.seed", str(seed0 + seed)]
             print(f"[study] {method} seed {seed}: {' '.join(args[3:])}", flush=True)
             proc = subprocess.run(args, env={**os.environ, **env})

@@ -511,7 +511,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA compute capabilities (80 90 ...), or gfx942 / gfx90a")  # fmt: skip
     parser.add_argument("--variants", nargs="+", default=None,
                         help="only variants whose name contains one of these substrings (e.g. fwd-kl bwd)")  # fmt: skip
-    parser.add_argument("--out", default="bench/results", help="folder for aot_triton-<version>.json / .csv")
+    parser.add_argument("--out", default="out/bench",
+                        help="folder for aot_triton-<version>.json / .csv (bench/results: the committed)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="compiles in parallel (processes)")
     parser.add_argument("--no-amd", action="store_true", help="skip the AMD (hip) compile probe")
     parser.add_argument("--tag", default="", help="suffix for the output file names (e.g. -device)")

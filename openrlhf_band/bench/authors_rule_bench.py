@@ -9,7 +9,7 @@ advantages of random sign. A token counts as clipped as in `band/clip_frac_*`: A
 or A < 0 and r < r_low. Also reported: the largest weight (1 - p) that the clipped near-certain
 tokens have in the gradient with respect to the logits, which is what training feels of them.
 
-    openrlhf-band bench authors-rule --sigma 0.5     # bench/results/authors_rule_cpu_sigma0.5.json
+    openrlhf-band bench authors-rule --sigma 0.5     # out/bench/authors_rule_cpu_sigma0.5.json
 """
 
 from __future__ import annotations

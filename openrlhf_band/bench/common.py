@@ -70,9 +70,14 @@ def machine_info(device: torch.device) -> dict[str, object]:
     return info
 
 
+# where a benchmark writes unless told: not bench/results/, the committed tables, which a run updates only
+# when asked (`openrlhf-band bench ... --results-dir bench/results`, or OPENRLHF_BAND_BENCH_DIR)
+DEFAULT_RESULTS_DIR = "out/bench"
+
+
 def results_dir() -> Path:
-    """bench/results under the current directory (override with OPENRLHF_BAND_BENCH_DIR)."""
-    path = Path(os.environ.get("OPENRLHF_BAND_BENCH_DIR", "bench/results"))
+    """OPENRLHF_BAND_BENCH_DIR (set by `--results-dir`), else out/bench, under the current directory."""
+    path = Path(os.environ.get("OPENRLHF_BAND_BENCH_DIR") or DEFAULT_RESULTS_DIR)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -3,8 +3,8 @@
 Run by bench/gpu_check.sh (`python3 -m openrlhf_band.bench.gpu_check`, the repository on
 PYTHONPATH) on a CUDA machine whose image has torch and triton (it installs nothing).
 Correctness: the kernel against the torch reference on CUDA for every divergence and option,
-including masked garbage and bf16. Speed: `openrlhf-band bench kernel` at 524,288 and
-4,194,304 tokens. Everything is written under $OUT (default bench/results/gpu).
+including masked garbage and bf16. The benchmarks (speed) are bench/gpu_check.sh's next steps.
+Everything is written under $OUT (default out/bench/gpu).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def jit_resources() -> list[dict]:
 
 
 def main() -> int:
-    out = Path(os.environ.get("OUT", "bench/results/gpu"))
+    out = Path(os.environ.get("OUT", "out/bench/gpu"))
     out.mkdir(parents=True, exist_ok=True)
     assert torch.cuda.is_available(), "gpu_check.py needs CUDA"
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}

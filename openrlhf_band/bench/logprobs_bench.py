@@ -14,7 +14,7 @@ VmHWM reset then through /proc/self/clear_refs, so building the inputs is not co
 allocator's peak (torch.cuda.max_memory_allocated after reset_peak_memory_stats) minus what was
 allocated before the step. Times are one run each (CPU: wall seconds on a shared machine, noise at
 the ~10% level; their ratio is what to read). Max differences (log-probs, entropy, gradients w.r.t.
-hidden and weight) are taken where both paths ran. Results: bench/results/logprobs_<device>.json.
+hidden and weight) are taken where both paths ran. Results: out/bench/logprobs_<device>.json (--results-dir).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "device's memory)",
     )  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="logprobs", help="result file stem under bench/results")
+    parser.add_argument("--out", default="logprobs", help="result file stem under the results folder")
     parser.add_argument("--worker", nargs=3, metavar=("PATH", "TOKENS", "OUTPUT"), help=argparse.SUPPRESS)
 
 

@@ -7,7 +7,7 @@ sample). Two sets: "hard", where every answer needs math-verify (equivalent form
 its parses), and "mix", closer to a rollout (40% plain integers, 15% the label's exact string, 30%
 equivalent forms, 15% no answer).
 
-    openrlhf-band bench reward --workers 1 2 4     # bench/results/reward_cpu.json
+    openrlhf-band bench reward --workers 1 2 4     # out/bench/reward_cpu.json
 """
 
 from __future__ import annotations

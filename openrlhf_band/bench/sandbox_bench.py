@@ -14,7 +14,7 @@ run by three providers, each sample in a fresh process tree, `--threads` samples
 Rounds alternate the providers so that drift on a shared machine hits each alike; the report gives each
 provider's median rate over the rounds and its ratio to `unsandboxed` (per round, then the median).
 
-    openrlhf-band bench code-sandbox --threads 2 --rounds 3     # bench/results/code_sandbox_cpu.json
+    openrlhf-band bench code-sandbox --threads 2 --rounds 3     # out/bench/code_sandbox_cpu.json
 """
 
 from __future__ import annotations

@@ -4,10 +4,15 @@ validation on the arguments, without Ray, and print the resolved loss configurat
 OpenRLHF builds its parser inline under `if __name__ == "__main__":`, so the module is run with
 runpy as __main__; `ray.is_initialized` and `get_strategy` are stubbed for that run so `train()`
 stops at its first line of real work and hands back the validated arguments.
+
+The attention implementation is resolved as train_ppo_ray resolves it (its default is
+flash_attention_2), not as the example scripts choose it (sdpa where flash_attn does not import):
+a note on stderr says which it is and why, and whether flash_attn is installed where that matters.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import runpy
@@ -67,6 +72,36 @@ def _where_in_openrlhf(err: BaseException) -> str:
     return f" (at {where}:{frame.lineno}: {(frame.line or '').strip()})"
 
 
+def flash_attn_installed() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def attention_note(argv: Sequence[str], args) -> str:
+    """One line for stderr: the attention implementation the arguments resolve to and why; where it is
+    flash attention and flash_attn is not installed here, what the example scripts would pass instead."""
+    impl, packing = args.ds.attn_implementation, bool(args.ds.packing_samples)
+    flag, given, words = "--ds.attn_implementation", None, list(argv)
+    for i, word in enumerate(words):  # the last one given wins, as in argparse
+        if word == flag and i + 1 < len(words):
+            given = words[i + 1]
+        elif word.startswith(flag + "="):
+            given = word.split("=", 1)[1]
+    if given == impl:
+        why = flag
+    elif given is None:
+        why = f"train_ppo_ray's default; {flag} not given"
+    else:  # OpenRLHF's validation replaced it: packing runs only on flash attention
+        why = f"{flag} {given} replaced by OpenRLHF's validation: --ds.packing_samples needs flash attention"
+    note = f"openrlhf-band check-args: attention {impl}, packing {'on' if packing else 'off'} ({why})"
+    if "flash_attention" in impl and not flash_attn_installed():
+        note += (
+            ". flash_attn is not installed here: a run in this environment would fail to load the model. The example "
+            "scripts (examples/scripts/common.sh) pass --ds.attn_implementation sdpa without --ds.packing_samples "
+            "where flash_attn does not import"
+        )
+    return note
+
+
 def main(argv: Sequence[str]) -> int:
     """Exactly one JSON document on stdout (the resolved loss configuration), everything else on
     stderr: what OpenRLHF, DeepSpeed and others print while the parser runs goes there too, since
@@ -80,6 +115,7 @@ def main(argv: Sequence[str]) -> int:
         try:
             args = validate_train_args(argv)
             config = resolved_loss_config(args)
+            print(attention_note(argv, args), file=sys.stderr)
         except SystemExit as exit_:
             return int(exit_.code or 0) or 2
         except AssertionError as err:

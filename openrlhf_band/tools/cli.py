@@ -24,7 +24,10 @@ def _cmd_plot_bounds(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
+    import os
 
+    if args.results_dir:  # common.results_dir() reads it, here and in the processes a benchmark starts
+        os.environ["OPENRLHF_BAND_BENCH_DIR"] = args.results_dir
     return importlib.import_module(f"openrlhf_band.bench.{BENCHMARKS[args.what]}").main(args)
 
 
@@ -76,6 +79,16 @@ def _aot_parser() -> argparse.ArgumentParser:
 _AOT_HELP = "compile the fused kernels ahead of time for GPU targets (no GPU): registers, spills, SASS"
 
 
+def demo_help() -> str:
+    """The demo subcommand's one-line help, from the demo's own method lists."""
+    from openrlhf_band.tools.demo import DEFAULT_METHODS, FULL, QUICK
+
+    return (
+        f"GRPO on CPU with a tiny model, methods paired over seeds: {', '.join(DEFAULT_METHODS)} "
+        f"(`make demo`); --full: all {len(FULL['methods'])} methods, --quick: {' and '.join(QUICK['methods'])}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from openrlhf_band.band.divergences import DIVERGENCES
 
@@ -119,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     from openrlhf_band.tools import demo
 
     for name, module, help_text in (
-        ("demo", demo, "GRPO on CPU with a tiny model: clip vs Clip-Higher vs BandPO (the README's first command)"),
+        ("demo", demo, demo_help()),
         (
             "prepare-data",
             tasks,
@@ -137,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(p)
         p.set_defaults(func=_module_command(module.__name__))
 
-    p = sub.add_parser("bench", help="benchmarks (results under bench/results/)")
+    p = sub.add_parser("bench", help="benchmarks (results under out/bench/, or --results-dir DIR)")
     bench_sub = p.add_subparsers(dest="what", required=True)
     from openrlhf_band.bench import (
         authors_rule_bench,
@@ -156,7 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("logprobs", logprobs_bench, "log-prob step: OpenRLHF's full logits vs the fused chunked lm_head"),
         ("code-sandbox", sandbox_bench, "code reward: programs checked per second with and without the sandbox"),
     ):
-        module.add_arguments(bench_sub.add_parser(name, help=text))
+        bench_parser = bench_sub.add_parser(name, help=text)
+        module.add_arguments(bench_parser)
+        bench_parser.add_argument(
+            "--results-dir", default=None, metavar="DIR",
+            help="where to write the results (default: $OPENRLHF_BAND_BENCH_DIR, else out/bench); "
+            "bench/results updates the committed tables",
+        )  # fmt: skip
     p.set_defaults(func=_cmd_bench)
     return parser
 

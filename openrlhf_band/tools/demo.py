@@ -3,8 +3,9 @@
 diagnostic ablation, paired from one warm-up checkpoint per seed.
 
 `make demo` runs DEFAULT_METHODS (clip, band-kl, band-kl-floor, band-kl+clip-low) over 3 seeds x
-80 rollouts, two runs at a time (about 5 min on 2 cores); `--full` every method of METHODS over 5
-seeds; `--quick` clip and band-kl over 1 seed x 15 rollouts.
+80 rollouts, two runs at a time (4 min 47 s idle on 2 cores with an earlier method set, 13 min 3 s with
+today's on a loaded machine: docs/demo.md); `--full` every method of METHODS over 5 seeds; `--quick` clip and
+band-kl over 1 seed x 15 rollouts.
 
 The task (a "fork": one rare token decides the reward; docs/demo.md). A prompt is [BOS, key,
 difficulty]; its one correct response is 6 answer tokens determined by the key. A supervised
@@ -92,7 +93,7 @@ for _name in METHOD_FLAGS:
         METHODS["band-kl+clip-low"] = {"kind": "band-upper-clip-lower", "divergence": "kl", "eps_low": 0.2}
 del _name
 # what `make demo` runs: the clip, the kl band, the kl band with the lower floor 0.8, and the
-# diagnostic ablation the floor is the training form of (4 methods x 3 seeds: about 5 min, 2 workers)
+# diagnostic ablation the floor is the training form of (4 methods x 3 seeds, 2 workers; docs/demo.md's timings)
 DEFAULT_METHODS = ["clip", "band-kl", "band-kl-floor", "band-kl+clip-low"]
 BINS = ((0.0, 0.01, "p<0.01"), (0.01, 0.1, "p0.01-0.1"), (0.1, 0.5, "p0.1-0.5"), (0.5, 1.0, "p>=0.5"))
 REPORTED = ("mean@32", "mean@32_hard", "pass@32", "pass@32_hard", "entropy")
@@ -699,7 +700,9 @@ QUICK = {"seeds": 1, "rollouts": 15, "methods": ["clip", "band-kl"], "eval_every
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--full", action="store_true", help="the committed table: every method, 5 seeds, 80 rollouts")
+    full = f"every method ({len(FULL['methods'])}), {FULL['seeds']} seeds, {FULL['rollouts']} rollouts"
+    parser.add_argument("--full", action="store_true",
+                        help=f"{full} (docs/demo.md: the committed summary is an 8-method run, with its command)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: clip and band-kl, 1 seed, 15 rollouts")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--rollouts", type=int, default=None)

@@ -77,6 +77,9 @@ start=$SECONDS
 # float32 everywhere (the shim's float32_on_cpu), no gradient checkpointing (a quarter of a step on a CPU,
 # for memory a CPU run has); two threads for whichever process computes (the colocated
 # actor, reference and engine take turns), as the cores of this machine
+# train.sh's bound on the run (its default, 900 s, is a tiny-model run's): 400 s a step (measured 90-140 s
+# alone, 2.3 min beside other work) and 10 min for the start
+E2E_TIMEOUT_S="${E2E_TIMEOUT_S:-$((STEPS * 400 + 600))}" \
 E2E_PARAM_DTYPE=float32 E2E_GRAD_CKPT=0 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" \
   bash "$ROOT/studies/cpu_engine/train.sh" "$OUT_DIR" "${SMOL_ARGS[@]}" "$@"
 seconds=$((SECONDS - start))

@@ -1,4 +1,4 @@
-"""Ahead-of-time compile check of the fused Band kernels for sm_80 and sm_90 (no GPU needed).
+"""Ahead-of-time compile check of the fused Band kernels for the CI targets, CI_TARGETS (no GPU needed).
 
 Every check runs in a subprocess without TRITON_INTERPRET: other test modules of this session set
 TRITON_INTERPRET=1 before importing `openrlhf_band.ops.band_loss`, which makes its kernels
@@ -20,6 +20,8 @@ import triton  # noqa: F401  - imported on purpose: no triton is a failure, not 
 from openrlhf_band.bench.aot import classify_opcode, count_sass, occupancy, variants
 
 ROOT = Path(__file__).resolve().parents[2]
+# the GPU targets `make test` compiles: the docs state this list (tests/docs/test_kernel_docs.py holds them to it)
+CI_TARGETS = ("80", "90")
 
 
 def _clean_env() -> dict[str, str]:
@@ -148,15 +150,16 @@ def test_occupancy_from_registers_and_limits():
     assert occupancy(90, 32, 100 * 1024, 128) == 2  # shared memory 228 KiB
 
 
-def test_aot_compiles_every_variant_for_sm80_and_sm90_without_spills(tmp_path):
-    """The CLI for sm_80 and sm_90, all variants: exit 0 means no compile error and no spill."""
-    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "aot", "--targets", "80", "90", "--out", str(tmp_path),
+def test_aot_compiles_every_variant_for_the_ci_targets_without_spills(tmp_path):
+    """The CLI for CI_TARGETS, all variants: exit 0 means no compile error and no spill."""
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "aot", "--targets", *CI_TARGETS, "--out", str(tmp_path),
            "--jobs", str(min(2, os.cpu_count() or 1)), "--no-amd"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), cwd=ROOT, timeout=3000)
     report = next(tmp_path.glob("aot_triton-*.json"), None)
     assert report is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(report.read_text())["rows"]
-    assert {r["target"] for r in rows} == {"80", "90"} and len(rows) == 2 * len(variants()) >= 2 * 45
+    n = len(CI_TARGETS)
+    assert {r["target"] for r in rows} == set(CI_TARGETS) and len(rows) == n * len(variants()) >= n * 45
     bad = [line for line in proc.stderr.splitlines() if line.startswith("FAIL")]
     assert proc.returncode == 0 and not bad, "\n".join(bad) + "\n" + proc.stdout[-4000:]
     # the issue's goal: every variant compiles within 10 s per target here (measured at most ~3.6 s)

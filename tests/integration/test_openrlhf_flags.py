@@ -263,3 +263,31 @@ def test_fused_logprobs_flag_resolves_for_any_loss_and_refuses_what_it_cannot_ho
             validate_train_args([*BASE, "--ds.fused_logprobs", *extra])
         assert exit_.value.code == 2
         assert f"--ds.fused_logprobs does not support {message}" in capsys.readouterr().err
+
+
+def test_check_args_says_which_attention_it_resolved_and_why(monkeypatch):
+    """A hand-written line gets train_ppo_ray's default, flash_attention_2, where the example scripts pass
+    sdpa when flash_attn does not import: the stderr note says which, why, and what the scripts pass."""
+    from openrlhf_band.patching import check_args
+
+    def note(*extra: str, flash_attn: bool) -> str:
+        monkeypatch.setattr(check_args, "flash_attn_installed", lambda: flash_attn)
+        argv = [*BASE, "--loss", "band", *extra]
+        return check_args.attention_note(argv, validate_train_args(argv))
+
+    default = note(flash_attn=False)
+    assert default.startswith("openrlhf-band check-args: attention flash_attention_2, packing off (train_ppo_ray's")
+    assert "flash_attn is not installed here" in default and "--ds.attn_implementation sdpa" in default
+    assert "not installed" not in note(flash_attn=True)
+    given = note("--ds.attn_implementation", "sdpa", flash_attn=False)
+    assert given == "openrlhf-band check-args: attention sdpa, packing off (--ds.attn_implementation)"
+    packed = note("--ds.attn_implementation=sdpa", "--ds.packing_samples", "--vllm.num_engines", "1", flash_attn=True)
+    assert "attention flash_attention_2, packing on (--ds.attn_implementation sdpa replaced by OpenRLHF" in packed
+
+
+def test_check_args_writes_the_attention_note_on_stderr_only():
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "check-args", "--", *BASE, "--loss", "band"]
+    done = subprocess.run([*cmd, "--ds.attn_implementation", "sdpa"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["attention"] == {"implementation": "sdpa", "packing_samples": False}
+    assert "openrlhf-band check-args: attention sdpa, packing off (--ds.attn_implementation)" in done.stderr

@@ -73,12 +73,21 @@ def documented_mounts() -> dict[str, str]:
     return {container: host for host, container in re.findall(r'-v "([^":]+):([^"]+)"', run.group(1))}
 
 
+QUICK_START = README.split("## GPU quick start", 1)[1].split("\n## ", 1)[0]
+
+
 def quick_start_commands() -> list[str]:
-    """The commands of README's GPU quick start (its first bash block), comments dropped."""
-    section = README.split("## GPU quick start", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    """The commands README's GPU quick start runs in the container (its first unindented bash block)."""
+    block = re.search(r"^```bash\n(.*?)^```", QUICK_START, re.DOTALL | re.MULTILINE)
     assert block, "README's GPU quick start has no bash block"
     return [line.split("  #", 1)[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readmes_docker_run_mounts_what_the_dockerfile_documents():
+    run = re.search(r"docker run (.*?openrlhf-band)\n", QUICK_START.replace("\\\n", " "), re.DOTALL)
+    assert run, "README's GPU quick start shows no `docker run ... openrlhf-band`"
+    mounts = {container: host for host, container in re.findall(r'-v "([^":]+):([^"]+)"', run.group(1))}
+    assert mounts == documented_mounts()
 
 
 def test_the_dockerfile_is_read_as_the_image_is_laid_out():

@@ -1,0 +1,197 @@
+"""What the docs say about the kernel's compile checks is what the code and the committed data say:
+the GPU targets CI compiles (tests/bench/test_aot.py's CI_TARGETS), the compile-time, register and
+version figures of docs/kernel.md (bench/results/aot_triton-*), and the GPU check's file names and
+benchmark sizes (bench/gpu_check.sh and the benchmarks' defaults). Each check is shown to fail on a
+mutated page or table."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+KERNEL = ROOT / "docs" / "kernel.md"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+PAGES = [p for p in sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")]) if p.exists()]
+# the pages that state what CI compiles: each must say it (in a clause the check reads)
+STATING_CI = ("README.md", "CHANGELOG.md", "docs/kernel.md", "docs/operator.md", "docs/tests.md")
+
+
+def ci_targets() -> set[str]:
+    """CI_TARGETS of tests/bench/test_aot.py, read from its source (no triton import)."""
+    tree = ast.parse((ROOT / "tests" / "bench" / "test_aot.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CI_TARGETS" for t in node.targets):
+            return {str(t) for t in ast.literal_eval(node.value)}
+    raise AssertionError("tests/bench/test_aot.py has no CI_TARGETS")
+
+
+def clauses(text: str) -> list[str]:
+    """The prose of a Markdown page as clauses (split at '. ' and '; '), one paragraph or list item
+    joined onto one line; fenced code and table rows are left out (tables hold dated measurements)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("|")]
+    text = re.sub(r"\n(?=\s*(?:[-*]|\d+\.)\s)", "\n\n", "\n".join(lines))  # a list item starts a paragraph
+    out = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        joined = " ".join(paragraph.split()).replace("`", "")
+        out += [c for c in re.split(r"(?<=[.;])\s+", joined) if c]
+    return out
+
+
+CI_WORDS = re.compile(r"\bCI\b|make test|test_aot")
+TARGET = re.compile(r"\bsm_(\d+)|\b(gfx\w+)")
+
+
+def ci_statements(text: str) -> list[tuple[str, set[str]]]:
+    """(clause, the targets it names) for each clause that names CI (or `make test`, or the AOT test)
+    and GPU targets: such a clause states what CI compiles."""
+    found = []
+    for clause in clauses(text):
+        targets = {a or b for a, b in TARGET.findall(clause)}
+        if targets and CI_WORDS.search(clause):
+            found.append((clause, targets))
+    return found
+
+
+def wrong_ci_statements(text: str, expected: set[str]) -> list[str]:
+    return [f"{sorted(t)} in: {c}" for c, t in ci_statements(text) if t != expected]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_statement_of_the_ci_targets_names_exactly_those_test_aot_compiles(page):
+    assert wrong_ci_statements(page.read_text(), ci_targets()) == []
+
+
+def test_the_pages_that_state_the_ci_targets_still_state_them():
+    missing = [name for name in STATING_CI if not ci_statements((ROOT / name).read_text())]
+    assert missing == []
+
+
+def test_the_ci_target_check_can_fail():
+    expected = ci_targets()
+    assert expected == {"80", "90"} or len(expected) >= 2  # read from the test module, not assumed
+    bad = "The kernel is compiled for sm_80, sm_89, sm_90, sm_100 and sm_120 in CI, with its registers."
+    assert wrong_ci_statements(bad, expected)
+    assert wrong_ci_statements("`make test` compiles it for sm_80-sm_120.", expected)
+    listed = " and ".join(f"sm_{t}" for t in sorted(expected, key=int))
+    good = f"CI (`make test`) compiles it for {listed}; runs by hand also cover sm_89 and gfx942."
+    assert wrong_ci_statements(good, expected) == [] and ci_statements(good)
+
+
+# --- docs/kernel.md against bench/results/aot_triton-* ---
+
+
+def load_rows(name: str) -> list[dict]:
+    return json.loads((RESULTS / f"aot_triton-{name}.json").read_text())["rows"]
+
+
+def floor_dppo_claims(rows: list[dict], old: list[dict]) -> list[str]:
+    """The sentence parts docs/kernel.md states about the floor / DPPO run, computed from its table."""
+    times = [r["compile_s"] for r in rows]
+    slow = [r for r in rows if r["compile_s"] > 2.5]
+    before = {(r["variant"], r["target"]): r["registers"] for r in old}
+    changes = {}
+    for r in rows:
+        if (r["variant"], r["target"]) in before:
+            kind = "all" if "-all-" in r["variant"] else "other"
+            changes.setdefault(kind, []).append(r["registers"] - before[(r["variant"], r["target"])])
+    others = sorted(set(changes["other"]))
+    return [
+        f"compiles {sum(r['ok'] for r in rows)} / {len(rows)} with no spills" if not any(
+            r["spill_stores_B"] or r["spill_loads_B"] for r in rows) else "spills",
+        f"at most {max(r['registers'] for r in rows)} registers",
+        f"{min(times)}-{max(times)} s a compile ({len(slow)} of {len(rows)} above 2.5 s",
+        f"the `all` variants changed by {min(changes['all']):+d} to {max(changes['all']):+d} registers",
+        f"every other variant by {' or '.join(f'{c:+d}' if c else '0' for c in others)}",
+    ]  # fmt: skip
+
+
+def test_the_floor_and_dppo_compile_figures_are_the_committed_tables():
+    page = " ".join(KERNEL.read_text().split())
+    claims = floor_dppo_claims(load_rows("3.7.1-floor-dppo"), load_rows("3.7.1"))
+    assert [c for c in claims if c not in page] == []
+    # the mutation: one slow compile more, and the figure no longer matches the page
+    rows = load_rows("3.7.1-floor-dppo")
+    rows[0] = {**rows[0], "compile_s": 5.5}
+    assert [c for c in floor_dppo_claims(rows, load_rows("3.7.1")) if c not in page]
+
+
+def versions_row(version: str) -> str:
+    data = json.loads((RESULTS / f"aot_triton-{version}.json").read_text())
+    rows = data["rows"]
+    spills = sum(bool(r["spill_stores_B"] or r["spill_loads_B"]) for r in rows)
+    amd = data["amd"].split(": ", 1)[1]
+    targets = ", ".join(f"sm_{t}" for t in data["targets"])
+    return (f"| {version} | {targets} | {sum(r['ok'] for r in rows)} / {len(rows)} | {spills} | "
+            f"{max(r['registers'] for r in rows)} | {max(r['compile_s'] for r in rows)} | {amd} |")  # fmt: skip
+
+
+def test_the_versions_table_is_the_committed_tables():
+    page = KERNEL.read_text().splitlines()
+    for version in ("3.6.0", "3.7.1", "3.9.0"):
+        assert versions_row(version) in page, version
+    assert versions_row("3.7.1").replace("| 1.21 |", "| 2.5 |") not in page  # a changed figure fails
+
+
+# --- the GPU check: bench/gpu_check.sh's files and sizes ---
+
+
+def gpu_check_script() -> str:
+    return (ROOT / "bench" / "gpu_check.sh").read_text().replace("\\\n", " ")
+
+
+def device_table_name(script: str) -> str:
+    """aot_triton-<version><tag>.*, the tag as gpu_check.sh passes it, ${cap...} written <cap>."""
+    tag = re.search(r'aot\b[^\n]*--tag "([^"]+)"', script).group(1)
+    return "aot_triton-<version>" + re.sub(r"\$\{cap[^}]*\}", "<cap>", tag) + ".*"
+
+
+def benchmark_tokens(script: str, what: str) -> list[int]:
+    """The --tokens a `bench WHAT` line of the script passes, else the benchmark's default."""
+    import argparse
+    import importlib
+
+    from openrlhf_band.tools.cli import BENCHMARKS
+
+    line = next(line for line in script.splitlines() if re.search(rf"\bbench {what}\b", line))
+    words = shlex.split(line[line.index(f"bench {what}") :])[2:]
+    words = words[: next((i for i, w in enumerate(words) if w.startswith(("2>", "|", ">"))), len(words))]
+    parser = argparse.ArgumentParser(add_help=False)
+    importlib.import_module(f"openrlhf_band.bench.{BENCHMARKS[what]}").add_arguments(parser)
+    tokens = parser.parse_known_args(words)[0].tokens
+    return tokens if isinstance(tokens, list) else [tokens]
+
+
+def sizes(tokens: list[int]) -> str:
+    return " and ".join(f"{t:,}" for t in tokens)
+
+
+def gpu_check_phrase(script: str) -> str:
+    return (f"the kernel benchmark at {sizes(benchmark_tokens(script, 'kernel'))} tokens (with achieved bandwidth) "
+            f"and the bounds benchmark at {sizes(benchmark_tokens(script, 'bounds'))} tokens")  # fmt: skip
+
+
+@pytest.mark.parametrize("page", [KERNEL, BENCHMARKS], ids=["kernel.md", "benchmarks.md"])
+def test_the_gpu_check_files_and_sizes_are_what_the_script_does(page):
+    script, text = gpu_check_script(), " ".join(page.read_text().split())
+    named = set(re.findall(r"aot_triton-<version>[^`\s]*device[^`\s,]*", text))
+    assert named == {device_table_name(script)}, named
+    assert gpu_check_phrase(script) in text
+
+
+def test_the_gpu_check_can_fail():
+    script = gpu_check_script()
+    assert device_table_name(script) == "aot_triton-<version>-sm<cap>-device.*"
+    assert benchmark_tokens(script, "kernel") == [524_288, 4_194_304]
+    assert benchmark_tokens(script, "bounds") == [524_288]  # the bounds benchmark's default
+    mutated = script.replace('--tag "-sm${cap:-90}-device"', '--tag "-device"')
+    assert device_table_name(mutated) == "aot_triton-<version>-device.*"
+    mutated = script.replace("bench bounds --device cuda", "bench bounds --tokens 4194304 --device cuda")
+    assert gpu_check_phrase(mutated) not in " ".join(BENCHMARKS.read_text().split())
