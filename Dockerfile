@@ -8,8 +8,8 @@
 # The container starts in the repository, /workspace/openrlhf-band, so README's GPU quick start runs as
 # written; its data, runs and results are links to /workspace/data, /workspace/runs and /workspace/results,
 # the three mounts above, so prepared data, every run's outputs (train.log, TensorBoard, checkpoints, the
-# model) and the results table outlive the container (tests/recipe/test_dockerfile.py lays a tree out from
-# this file and runs the quick start in it).
+# model) and the results table outlive the container (tests/recipe/test_image_quick_start.py lays a tree out
+# from this file and runs the quick start in it).
 # --ipc=host: Ray's object store and NCCL use /dev/shm; Docker's 64 MB default breaks them (or
 # --shm-size=32g instead). Non-root: docker build --build-arg USER_UID=1000 ... runs as user "rl".
 #
@@ -122,7 +122,7 @@ RUN pip install --no-deps --no-build-isolation . \
 # the repository's data, runs and results are the mount points (the header); .dockerignore keeps a local
 # data/, runs/ or results/ out of the context, so ln -T never meets one
 RUN for dir in data runs results; do \
-      mkdir -p "/workspace/${dir}" && ln -s -T "/workspace/${dir}" "${dir}"; \
+      mkdir -p "/workspace/${dir}" && ln -s -T "/workspace/${dir}" "${dir}" || exit 1; \
     done \
     && if [ "${USER_UID}" != "0" ]; then \
       useradd --create-home --uid "${USER_UID}" rl && chown -R rl /workspace; \

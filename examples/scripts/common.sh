@@ -57,9 +57,10 @@ launch() {
   local engines=$(( nnodes * gpus / vllm_tp ))
   # Absolute paths: a job submitted to a cluster runs in Ray's copy of the working directory, where a
   # relative path would read and write somewhere the user never looks (and not on every node).
-  data_dir="$(realpath -m -- "$data_dir")"
+  # (-s: a symbolic link keeps its own name, which the upload's excludes need; the image's runs is one)
+  data_dir="$(realpath -m -s -- "$data_dir")"
   local output_root
-  output_root="$(realpath -m -- "${OUTPUT_ROOT:-./runs}")"
+  output_root="$(realpath -m -s -- "${OUTPUT_ROOT:-./runs}")"
   local output_dir="$output_root/${METHOD}-seed${seed}"
   if [[ "$task" != math ]]; then output_dir="$output_root/$task/${METHOD}-seed${seed}"; fi
   local reward_py attn="${ATTN:-auto}"
@@ -149,15 +150,16 @@ launch() {
   mkdir -p "$output_dir"
   printf '{"method": "%s", "seed": %s, "model": "%s", "task": "%s"}\n' "$METHOD" "$seed" "$model" "$task" \
     > "$output_dir/run.json"
-  # the run's log goes to the terminal and to OUTPUT_DIR/train.log (pipefail: the run's status is kept)
+  # the run's log goes to the terminal and to OUTPUT_DIR/train.log (pipefail: the run's status is kept; tee -i:
+  # a Ctrl-C stops the run, not the copy of its shutdown messages)
   if [[ -n "${RAY_ADDRESS:-}" ]]; then
     local runtime_env
     runtime_env="$(python3 -m openrlhf_band.recipe.ray_job runtime-env --working-dir "${RAY_WORKING_DIR:-.}" \
       --exclude-path "$data_dir" --exclude-path "$output_root")"
     echo "[$METHOD] ray job submit to $RAY_ADDRESS, runtime env $runtime_env" >&2
     ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$runtime_env" \
-      -- python3 -m openrlhf.cli.train_ppo_ray "${args[@]}" 2>&1 | tee "$output_dir/train.log"
+      -- python3 -m openrlhf.cli.train_ppo_ray "${args[@]}" 2>&1 | tee -i "$output_dir/train.log"
   else
-    python3 -m openrlhf.cli.train_ppo_ray "${args[@]}" 2>&1 | tee "$output_dir/train.log"
+    python3 -m openrlhf.cli.train_ppo_ray "${args[@]}" 2>&1 | tee -i "$output_dir/train.log"
   fi
 }

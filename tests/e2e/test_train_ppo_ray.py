@@ -290,11 +290,64 @@ def test_an_interrupted_run_stops_the_cluster_and_every_process(e2e_root, chi2_r
 
 
 def test_no_process_of_any_run_is_left(
-    chi2_run, kl_run, ppo_run, dcpo_resumed, unsynced_run, learning_run, gym_run, code_run
+    chi2_run, kl_run, ppo_run, dcpo_resumed, unsynced_run, learning_run, gym_run, code_run, two_node_run
 ):
     assert run_processes("E2E_RUN_ID=e2e-") == []
     assert run_processes("E2E_RUN_ID=learn-") == []  # learn.sh's runs
     assert sandbox_processes() == []  # the code reward's (their environment is scrubbed: no E2E_RUN_ID)
+
+
+# --- multi-node: an example script submitted with `ray job submit` to a cluster of two nodes ---------------
+TWO_NODES_SH = ROOT / "studies" / "cpu_engine" / "two_nodes.sh"
+
+
+@pytest.fixture(scope="session")
+def two_node_run(e2e_root) -> Run:
+    """examples/scripts/bandpo_kl.sh through RAY_ADDRESS with NNODES=2, GPUS_PER_NODE=1, from a user's
+    project folder (their reward file by a relative path, data and an environment beside it), outputs to
+    an absolute OUTPUT_ROOT elsewhere (studies/cpu_engine/two_nodes.sh)."""
+    out = e2e_root / "two-nodes"
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["bash", str(TWO_NODES_SH), str(out), "bandpo_kl.sh"], capture_output=True, text=True,
+        timeout=int(os.environ.get("E2E_TIMEOUT_S", "900")) + 600,
+    )  # fmt: skip
+    run = Run(out, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
+    submit_log = _read(out / "submit.log")
+    assert run.status == 0, f"{run.stderr}\n--- submit.log tail ---\n" + "\n".join(submit_log.splitlines()[-40:])
+    return run
+
+
+def test_a_job_submitted_to_two_nodes_trains_and_writes_where_the_user_asked(two_node_run):
+    out = two_node_run.out
+    # two nodes, and the job's actors on both: the trainer's ranks, the reference's and the engines
+    nodes = json.loads((out / "nodes.json").read_text())
+    assert len({n["node_id"] for n in nodes}) == 2 and all(n["state"] == "ALIVE" for n in nodes), nodes
+    actors = json.loads((out / "actors.json").read_text())
+    placed: dict[str, set[str]] = {}
+    for actor in actors:
+        placed.setdefault(actor["class_name"], set()).add(actor["node_id"])
+    for name in ("PolicyModelActor", "ReferenceModelActor", "RolloutRayActor"):
+        assert len(placed.get(name, set())) == 2, (name, placed)
+    # the outputs are under OUTPUT_ROOT (absolute, outside the submitting folder), none in Ray's copy of it
+    run_dir = out / "shared" / "runs" / "bandpo-kl-seed42"
+    scalars = load_scalars(run_dir / "tensorboard")
+    assert sorted(scalars["train/band/clip_frac_upper"]) == [1], sorted(scalars)
+    assert sorted(scalars["eval/eval_default_pass1"]) == [1], sorted(k for k in scalars if k.startswith("eval/"))
+    assert (run_dir / "ckpt" / "_actor" / "global_step1").is_dir()
+    assert (run_dir / "model" / "config.json").is_file() and list((run_dir / "model").glob("*.safetensors"))
+    log = (run_dir / "train.log").read_text(errors="replace")
+    assert "Global step 1" in log and "Job 'raysubmit_" in log  # the submission's own output, tee'd
+    assert "divergence='kl'" in re.search(r"band=namespace\(([^)]*)\)", log).group(1)
+    # the upload: the user's reward file, unpacked on both nodes; not their data or environment. Listed after
+    # the job, so nothing was written into Ray's copies of the working directory either
+    uploaded = [line.split(" ", 1) for line in (out / "uploaded.txt").read_text().splitlines()]
+    assert sorted(name for _, name in uploaded) == ["my_reward.py", "my_reward.py"], uploaded
+    assert sum(int(size) for size, _ in uploaded) < 64 * 1024
+    # the weights reached the engines after the step, as the trainer sent them
+    engines = [r for r in two_node_run.syncs() if r["side"] == "engine"]
+    assert sorted({r["sync"] for r in engines}) == [1] and all(r["loaded"] for r in engines), engines
+    assert sync_problems(two_node_run) == []
 
 
 # --- tasks beyond math: reasoning-gym and code, each prepared by prepare-data and scored by its reward file ---

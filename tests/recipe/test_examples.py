@@ -178,3 +178,12 @@ def test_sleep_mode_is_on_unless_switched_off_and_paths_are_absolute(tmp_path):
                  "--logger.tensorboard_dir"):
         assert Path(off[off.index(flag) + 1]).is_absolute(), (flag, off)
     assert off[off.index("--ckpt.path") + 1] == str(Path.cwd() / "rel" / "runs" / "bandpo-kl-seed42" / "ckpt")
+
+
+def test_a_linked_data_dir_keeps_its_name(tmp_path):
+    """The launcher makes paths absolute without resolving links: the job's upload excludes a linked DATA_DIR
+    by its own name (openrlhf_band/recipe/ray_job.py), which a resolved path would not match."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "mydata").symlink_to(tmp_path / "store")
+    args = launched_arguments(tmp_path / "run", DATA_DIR=str(tmp_path / "mydata"))
+    assert args[args.index("--data.prompt_dataset") + 1] == str(tmp_path / "mydata" / "train.jsonl")

@@ -155,7 +155,8 @@ def _cpu_weight_reload(module) -> None:
 
 
 def _record_trainer_weights(module) -> None:
-    """Probe, not a patch: after each `broadcast_to_vllm`, rank 0 logs digests of the weights it sent."""
+    """Probe, not a patch: after each `broadcast_to_vllm`, rank 0 logs digests of the weights it sent. Under
+    ZeRO-3 the gather is a collective: every rank enters it (a rank-0-only gather hangs a run of 2 ranks)."""
     original = module.ActorPPOTrainer.broadcast_to_vllm
 
     def broadcast_to_vllm(self):
@@ -163,12 +164,13 @@ def _record_trainer_weights(module) -> None:
         import deepspeed
         import torch.distributed as dist
 
-        if dist.get_rank() != 0 or not os.environ.get("E2E_SYNC_LOG"):
+        if not os.environ.get("E2E_SYNC_LOG"):
             return
         self._e2e_syncs = getattr(self, "_e2e_syncs", 0) + 1
         params = list(self.actor.model.module.named_parameters())
         with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=self.args.ds.zero_stage == 3):
-            _log_sync({"side": "trainer", "sync": self._e2e_syncs, "trainer": _digests(params)})
+            if dist.get_rank() == 0:
+                _log_sync({"side": "trainer", "sync": self._e2e_syncs, "trainer": _digests(params)})
 
     module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
 

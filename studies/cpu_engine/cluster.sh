@@ -1,0 +1,91 @@
+# shellcheck shell=bash
+# What the CPU harness's scripts share (sourced by studies/cpu_engine/train.sh and two_nodes.sh): the environment,
+# the tiny model's assets, the test-only shim's variables for every process of a run, and a cleanup
+# that stops exactly the run's processes (marked by E2E_RUN_ID in their environment), never another
+# Ray cluster on the machine. The caller sets ROOT and OUT_DIR before sourcing.
+
+stage() { echo "[e2e] $*" >&2; }
+fail() {  # fail STAGE STATUS [LOGFILE]
+  stage "FAILED at stage: $1 (exit status $2)"
+  if [[ -n "${3:-}" && -s "$3" ]]; then
+    echo "[e2e] the log lines that matter ($3):" >&2
+    grep -nE 'Error|error:|Exception|Traceback|FAILED|Killed|Assertion|raise |OOM|out of memory' "$3" \
+      | grep -vE 'FutureWarning|UserWarning|DeprecationWarning' | tail -n 25 >&2 || true
+    echo "[e2e] last lines:" >&2
+    tail -n 15 "$3" >&2
+  fi
+  exit "$2"
+}
+
+# .venv-e2e (make e2e-venv) and the tiny model, tokenizer, prompts and reward (assets.py); sets VENV, PY, ASSETS
+e2e_environment() {
+  stage "environment: .venv-e2e"
+  if ! make -s -C "$ROOT" e2e-venv > "$OUT_DIR/setup.log" 2>&1; then
+    fail environment 1 "$OUT_DIR/setup.log"
+  fi
+  VENV="$ROOT/.venv-e2e"
+  PY="$VENV/bin/python"
+  ASSETS="${E2E_ASSETS:-$VENV/assets}"
+  local version
+  version="$(sed -n 's/^ASSETS_VERSION = "\(.*\)"$/\1/p' "$ROOT/studies/cpu_engine/assets.py")"
+  if [[ "$(cat "$ASSETS/VERSION" 2>/dev/null)" != "$version" ]]; then
+    stage "environment: building the tiny model, tokenizer, prompts and reward in $ASSETS"
+    rm -rf "$ASSETS"
+    if ! "$PY" "$ROOT/studies/cpu_engine/assets.py" "$ASSETS" >> "$OUT_DIR/setup.log" 2>&1; then
+      fail environment 1 "$OUT_DIR/setup.log"
+    fi
+  fi
+}
+
+# Every process of a run (cluster daemons, Ray workers, vLLM's engine process) inherits RUN_ID in its
+# environment; cleanup stops exactly those. RAY_TMP is short: Ray's socket paths must fit in 107 bytes.
+e2e_run_marker() {
+  RUN_ID="${E2E_RUN_NAME:-e2e-$$-$RANDOM$RANDOM}"
+  RAY_TMP="$(mktemp -d /tmp/e2e-ray-XXXXXX)"
+}
+# shellcheck disable=SC2329  # called from the EXIT trap
+run_pids() {
+  grep -lsz "^E2E_RUN_ID=$RUN_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true
+}
+# shellcheck disable=SC2329  # the EXIT trap
+cleanup() {
+  local pids
+  pids="$(run_pids)"
+  if [[ -n "$pids" ]]; then
+    # shellcheck disable=SC2086  # a list of pids
+    kill -TERM $pids 2>/dev/null || true
+    for _ in $(seq 1 20); do
+      [[ -z "$(run_pids)" ]] && break
+      sleep 0.5
+    done
+    # What is left is killed, and waited for: a process only leaves /proc once it has died, and a
+    # loaded machine (seen: two cores, another test suite beside this one) takes a while to get there;
+    # a Ray daemon may also have started a worker after the list above was read.
+    for _ in $(seq 1 20); do
+      pids="$(run_pids)"
+      [[ -z "$pids" ]] && break
+      # shellcheck disable=SC2086
+      kill -KILL $pids 2>/dev/null || true
+      sleep 0.5
+    done
+  fi
+  rm -rf "$RAY_TMP"
+}
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# The shim (test-only: studies/cpu_engine/cpu_shim, docs/e2e_cpu.md) and its probes, for every process
+e2e_exports() {
+  export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/studies/cpu_engine/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
+  export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_ENTROPY_LOG="$OUT_DIR/entropy.jsonl" E2E_FUSED_LOG="$OUT_DIR/fused.jsonl"
+  export E2E_CLIP_BINS_LOG="$OUT_DIR/clip_bins.jsonl"
+  : > "$E2E_CLIP_BINS_LOG"
+  : > "$E2E_SYNC_LOG"
+  : > "$E2E_ENTROPY_LOG"
+  : > "$E2E_FUSED_LOG"
+  export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions"  # DeepSpeed's CPU ops, compiled on first use
+  export E2E_PARAM_DTYPE="${E2E_PARAM_DTYPE:-bf16}"  # every process of the run reads it (the shim)
+  export GLOO_SOCKET_IFNAME=lo VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
+  export RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
+  export PATH="$VENV/bin:$PATH"
+}
