@@ -264,9 +264,9 @@ def test_launcher_code_task_validates_with_the_code_reward(tmp_path):
 @pytest.mark.parametrize(
     "task, data_dir, run_dir",
     [
-        ("reasoning-gym", "./data/reasoning-gym", "./runs/reasoning-gym/bandpo-chi2-seed42"),
-        ("mc", "./data/mc", "./runs/mc/bandpo-chi2-seed42"),
-        (None, "./data", "./runs/bandpo-chi2-seed42"),  # TASK unset: math
+        ("reasoning-gym", "data/reasoning-gym", "runs/reasoning-gym/bandpo-chi2-seed42"),
+        ("mc", "data/mc", "runs/mc/bandpo-chi2-seed42"),
+        (None, "data", "runs/bandpo-chi2-seed42"),  # TASK unset: math
     ],
 )
 def test_launcher_picks_the_tasks_reward_file_and_directories(tmp_path, task, data_dir, run_dir):
@@ -274,9 +274,11 @@ def test_launcher_picks_the_tasks_reward_file_and_directories(tmp_path, task, da
     assert done.returncode == 0, done.stderr[-3000:]
     flags = _flags(_recorded(shim, "check-args"))
     assert flags["--reward.remote_url"] == str(RECIPE / REWARD_FILES[task or "math"])
-    assert flags["--data.prompt_dataset"] == f"{data_dir}/train.jsonl"
-    assert flags["--eval.dataset"] == f"{data_dir}/eval.jsonl"
-    assert flags["--ckpt.path"] == f"{run_dir}/ckpt"
+    # the defaults ./data[/TASK] and ./runs, under the launching folder, as absolute paths (a cluster job
+    # runs in Ray's copy of the working directory)
+    assert flags["--data.prompt_dataset"] == f"{tmp_path}/{data_dir}/train.jsonl"
+    assert flags["--eval.dataset"] == f"{tmp_path}/{data_dir}/eval.jsonl"
+    assert flags["--ckpt.path"] == f"{tmp_path}/{run_dir}/ckpt"
     assert flags["--eval.n_samples_per_prompt"] == "32"
 
 
