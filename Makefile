@@ -74,8 +74,10 @@ learn-study: learn-checkpoint
 
 # The real-model study (docs/smollm2_study.md): SmolLM2-135M-Instruct (openrlhf-band prepare-model) through
 # train_ppo_ray on reasoning-gym tasks; clip, Clip-Higher, band-kl, band-kl-floor and CISPO, 3 paired seeds
-# (studies/smollm2/run.sh each, about 21 min a run on 2 cores, 5 h in all). Finished runs under out/smollm2-study are reused:
-# stop it any time and run it again to continue. Then the tables, CSV and curves under studies/smollm2/results/.
+# (studies/smollm2/run.sh each, about 16 min a run on 2 cores, 4 h in all). Finished runs are reused: those under
+# out/smollm2-study and those in the committed ledger, studies/smollm2/results/runs/ (each run is copied there as it
+# finishes), so the study spans sessions. `touch out/smollm2-study/STOP` stops it before its next run; run it again
+# to continue. Then the tables, CSV and curves under studies/smollm2/results/.
 smollm2-study: $(E2E_STAMP)
 	$(E2E_VENV)/bin/python studies/smollm2/study.py run --seeds 3 --out out/smollm2-study
 	$(E2E_VENV)/bin/python studies/smollm2/study.py report --out out/smollm2-study --docs studies/smollm2/results

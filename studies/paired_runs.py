@@ -10,29 +10,47 @@ import os
 import shutil
 import statistics
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 
 def run_pairs(
-    script: Path, out: Path, seeds: int, methods: dict[str, list[str]], env: dict[str, str], seed0: int
+    script: Path,
+    out: Path,
+    seeds: int,
+    methods: dict[str, list[str]],
+    env: dict[str, str],
+    seed0: int,
+    restore: Callable[[str, int, Path], bool] | None = None,
+    on_finished: Callable[[str, int, Path], None] | None = None,
 ) -> int:
     """`bash script OUT/METHOD/seedI FLAGS --train.seed seed0+I` for every (seed, method), seed by seed so
     that a stopped study still holds whole pairs; a run whose summary.json exists is skipped, one without is
-    started afresh (its folder removed first). 1 if any run failed (the others still run), else 0."""
+    started afresh (its folder removed first). `restore(method, seed, run_dir)` may put a finished run's
+    summary.json in place from elsewhere (True: done); `on_finished` is called after each run that wrote one.
+    A file OUT/STOP stops the study before its next run (it is removed; the run in progress finishes and
+    cleans up its cluster). 0 when every run finished, 1 if any failed (the others still run), 3 if stopped."""
     failed = []
     for seed in range(seeds):
         for method, flags in methods.items():
             run_dir = out / method / f"seed{seed}"
-            if (run_dir / "summary.json").exists():
+            if (run_dir / "summary.json").exists() or (restore is not None and restore(method, seed, run_dir)):
                 continue
+            stop = out / "STOP"
+            if stop.exists():
+                stop.unlink()
+                print(f"[study] stopped by {stop} before {method} seed {seed}; run it again to continue", flush=True)
+                return 3
             if run_dir.exists():  # a failed or stopped run's leftovers: its TensorBoard events would mix in
                 shutil.rmtree(run_dir)
             args = ["bash", str(script), str(run_dir), *flags, "--train.seed", str(seed0 + seed)]
             print(f"[study] {method} seed {seed}: {' '.join(args[3:])}", flush=True)
             proc = subprocess.run(args, env={**os.environ, **env})
-            if proc.returncode != 0:
+            if proc.returncode != 0 or not (run_dir / "summary.json").exists():
                 failed.append((method, seed))
                 print(f"[study] FAILED: {method} seed {seed} (exit {proc.returncode}); see {run_dir}", flush=True)
+            elif on_finished is not None:
+                on_finished(method, seed, run_dir)
     return 1 if failed else 0
 
 

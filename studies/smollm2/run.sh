@@ -25,8 +25,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT_DIR="${1:?usage: bash studies/smollm2/run.sh OUT_DIR [TRAIN_PPO_RAY_ARGS...]}"
 shift
-mkdir -p "$OUT_DIR"
-OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 STEPS="${SMOL_STEPS:-8}"
 PROMPTS="${SMOL_PROMPTS:-4}"
 SAMPLES="${SMOL_SAMPLES:-8}"
@@ -36,6 +34,21 @@ DATA="${SMOL_DATA:-$ROOT/.venv-e2e/smollm2-data}"
 CACHE="${SMOL_CACHE:-$ROOT/.venv-e2e/smollm2-eval}"
 VENV="$ROOT/.venv-e2e"
 PY="$VENV/bin/python"
+
+# What makes two runs comparable, recorded in OUT_DIR/settings.json and so in summary.json: the study's
+# driver reuses a finished run (its own or one committed under studies/smollm2/results/runs/) only when
+# these equal what it would run now. SMOL_SETTINGS_ONLY=1 prints them and stops (no venv, no model).
+settings="$(python3 -c 'import json, sys; k = sys.argv[1:8]; print(json.dumps({
+  "steps": int(k[0]), "prompts": int(k[1]), "samples": int(k[2]), "lr": k[3], "eval_samples": int(k[4]),
+  "size": int(k[5]), "eval_size": int(k[6]), "flags": sys.argv[8:]}, sort_keys=True))' \
+  "$STEPS" "$PROMPTS" "$SAMPLES" "${SMOL_LR:-3e-5}" "$EVAL_SAMPLES" "${SMOL_SIZE:-300}" "${SMOL_EVAL_SIZE:-32}" "$@")"
+if [[ "${SMOL_SETTINGS_ONLY:-0}" == 1 ]]; then
+  echo "$settings"
+  exit 0
+fi
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+echo "$settings" > "$OUT_DIR/settings.json"
 
 make -s -C "$ROOT" e2e-venv >&2
 echo "[smollm2] the model ($MODEL)" >&2

@@ -6,7 +6,10 @@ clip, Clip-Higher, band-kl, band-kl with the floor 0.8 and CISPO, paired seeds f
     python studies/smollm2/study.py summarize --run RUN --before FILE --seconds S   (run.sh, after a run)
 
 `run` calls run.sh once per (seed, method), seed by seed so that a stopped study still holds whole
-pairs, and skips runs whose summary.json exists: the study resumes where it stopped, across sessions.
+pairs, and skips runs whose summary.json exists: the study resumes where it stopped. Each finished run's
+summary.json is also copied to the ledger, studies/smollm2/results/runs/METHOD-seedI.json (committed),
+and taken from there when out/ lacks it and its settings (run.sh's settings.json) equal this study's:
+the study spans sessions whose machines keep no out/. `touch OUT/STOP` stops it before its next run.
 Pairing: every method of a seed starts from the same model with the same --train.seed (prompt order,
 vLLM's engine seed); vLLM's CPU engine does not repeat its sampling noise, so even the first rollouts
 differ (docs/e2e_cpu.md): compare over seeds. `report` writes summary.txt
@@ -33,6 +36,7 @@ from paired_runs import load_runs, mean_sd, run_pairs, write_steps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "studies" / "smollm2" / "run.sh"
+LEDGER = ROOT / "studies" / "smollm2" / "results" / "runs"  # finished runs' summary.json, committed as they finish
 #: the compared methods, from the one table of named methods; CISPO is the field's objective that held
 #: up best against the band on the CPU demo (docs/objectives.md)
 METHODS = {name: list(METHOD_FLAGS[name]) for name in ("clip", "clip-higher", "band-kl", "band-kl-floor", "cispo")}
@@ -90,7 +94,9 @@ def summarize(run: Path, before: Path, seconds: float) -> dict:
     metrics = {tag: {str(step): v for step, v in series.items()} for tag, series in scalars.items()}
     calls = calls_per_step(run)
     steps = max((int(s) for s in metrics.get("train/rollout/reward_mean", {})), default=0)
+    settings = run / "settings.json"
     summary = {
+        "settings": json.loads(settings.read_text()) if settings.exists() else None,
         "before": json.loads(before.read_text()),
         "after": json.loads((run / "after.json").read_text()),
         "steps": steps,
@@ -171,9 +177,41 @@ def token_bins(out: Path, before: Path, docs: Path, command: str) -> str:
     return text
 
 
-def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
+def expected_settings(method: str, seed: int, steps: int) -> dict:
+    """What run.sh would record as this run's settings.json now (SMOL_SETTINGS_ONLY=1: no venv, no model)."""
+    args = ["bash", str(RUN_SH), os.devnull, *METHODS[method], "--train.seed", str(SEED0 + seed)]
+    env = {**os.environ, "SMOL_STEPS": str(steps), "SMOL_SETTINGS_ONLY": "1"}
+    return json.loads(subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout)
+
+
+def run(out: Path, seeds: int, methods: list[str], steps: int, ledger: Path | None) -> int:
+    """The study's runs under `out`. With a ledger (default studies/smollm2/results/runs/, committed), a run
+    finished in an earlier session is taken from it when its settings equal this study's, and each run that
+    finishes here is copied into it: a study of about 4 h spans sessions whose machines keep no out/."""
     chosen = {method: METHODS[method] for method in methods}
-    return run_pairs(RUN_SH, out, seeds, chosen, {"SMOL_STEPS": str(steps)}, SEED0)
+
+    def restore(method: str, seed: int, run_dir: Path) -> bool:
+        record = ledger / f"{method}-seed{seed}.json" if ledger else None
+        if record is None or not record.exists():
+            return False
+        summary = json.loads(record.read_text())
+        expected = expected_settings(method, seed, steps)
+        if summary.get("settings") != expected:
+            sys.exit(
+                f"{record} was run with other settings than this study's:\n  recorded {summary.get('settings')}\n"
+                f"  this study {expected}\nrun with the recorded settings, or move {ledger} aside to start anew"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(record.read_text())
+        print(f"[study] {method} seed {seed}: finished earlier ({record})", flush=True)
+        return True
+
+    def keep(method: str, seed: int, run_dir: Path) -> None:
+        if ledger:
+            ledger.mkdir(parents=True, exist_ok=True)
+            (ledger / f"{method}-seed{seed}.json").write_text((run_dir / "summary.json").read_text())
+
+    return run_pairs(RUN_SH, out, seeds, chosen, {"SMOL_STEPS": str(steps)}, SEED0, restore, keep)
 
 
 def load(out: Path) -> dict[str, dict[int, dict]]:
@@ -295,6 +333,8 @@ def main() -> int:
     r.add_argument("--steps", type=int, default=8)
     r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     r.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
+    r.add_argument("--ledger", default=str(LEDGER),
+                   help="finished runs' summaries kept across sessions (committed); 'none': out/ only")  # fmt: skip
     p = sub.add_parser("report")
     p.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
     p.add_argument("--docs", type=Path, default=Path("studies/smollm2/results"))
@@ -310,7 +350,8 @@ def main() -> int:
     s.add_argument("--seconds", type=float, required=True)
     args = parser.parse_args()
     if args.command == "run":
-        return run(args.out, args.seeds, args.methods, args.steps)
+        ledger = None if args.ledger == "none" else Path(args.ledger)
+        return run(args.out, args.seeds, args.methods, args.steps, ledger)
     if args.command == "first-step":
         status = first_step(args.out, args.methods)
         command = f"python studies/smollm2/study.py first-step --before {args.before}"

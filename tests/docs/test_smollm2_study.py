@@ -114,3 +114,73 @@ def test_the_pages_no_shots_and_cost_figures():
     assert f"A step costs {min(seconds):.0f}-{max(seconds):.0f} s here" in PAGE
     lengths = [row["tokens_per_sample"] for row in bins["first_step"].values()]
     assert f"32 samples of about {statistics.fmean(lengths):.0f} tokens" in PAGE
+
+
+# ------------------------------------------------------------------ the study across sessions: the ledger
+
+FAKE_RUN = """#!/usr/bin/env bash
+# run.sh's settings as they are; a "run" that only writes the summary run.sh's summarize would
+if [[ "${SMOL_SETTINGS_ONLY:-0}" == 1 ]]; then exec bash REAL_RUN_SH "$@"; fi
+echo "$*" >> RAN
+out="$1"; shift
+mkdir -p "$out"
+settings="$(SMOL_SETTINGS_ONLY=1 bash REAL_RUN_SH "$out" "$@")"
+echo "{\\"settings\\": $settings, \\"steps\\": 0}" > "$out/summary.json"
+"""
+
+
+@pytest.fixture
+def study_with_fake_runs(tmp_path, monkeypatch):
+    """study.py with run.sh replaced by a script that records each run in tmp_path/RAN and writes a summary
+    with run.sh's real settings (its SMOL_SETTINGS_ONLY mode is the real run.sh's)."""
+    study = load_study()
+    fake = tmp_path / "run.sh"
+    real = ROOT / "studies" / "smollm2" / "run.sh"
+    fake.write_text(FAKE_RUN.replace("REAL_RUN_SH", str(real)).replace("RAN", str(tmp_path / "RAN")))
+    monkeypatch.setattr(study, "RUN_SH", fake)
+    for var in ("SMOL_STEPS", "SMOL_PROMPTS", "SMOL_SAMPLES", "SMOL_LR", "SMOL_EVAL_SAMPLES", "SMOL_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    return study
+
+
+def ran(tmp_path: Path) -> list[str]:
+    path = tmp_path / "RAN"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_finished_runs_are_kept_in_the_ledger_and_taken_from_it_in_a_new_session(tmp_path, study_with_fake_runs):
+    study, ledger = study_with_fake_runs, tmp_path / "ledger"
+    methods = ["clip", "band-kl"]
+    assert study.run(tmp_path / "session1", 2, methods, 8, ledger) == 0
+    assert len(ran(tmp_path)) == 4
+    expected = [f"{m}-seed{s}.json" for m in ("band-kl", "clip") for s in (0, 1)]
+    assert sorted(p.name for p in ledger.iterdir()) == expected
+    record = json.loads((ledger / "band-kl-seed1.json").read_text())
+    assert record["settings"]["steps"] == 8 and record["settings"]["flags"][-2:] == ["--train.seed", "43"]
+    assert "band" in record["settings"]["flags"]
+    # a new session: an empty out/, the same settings, one more seed: only seed 2 runs
+    assert study.run(tmp_path / "session2", 3, methods, 8, ledger) == 0
+    assert [line.split()[0] for line in ran(tmp_path)[4:]] == [
+        str(tmp_path / "session2" / m / "seed2") for m in methods
+    ]
+    assert (tmp_path / "session2" / "clip" / "seed0" / "summary.json").read_text() == (
+        ledger / "clip-seed0.json"
+    ).read_text()
+
+
+def test_a_ledger_run_with_other_settings_is_refused_not_mixed_in(tmp_path, study_with_fake_runs):
+    study, ledger = study_with_fake_runs, tmp_path / "ledger"
+    assert study.run(tmp_path / "a", 1, ["clip"], 8, ledger) == 0
+    with pytest.raises(SystemExit, match="other settings than this study's"):
+        study.run(tmp_path / "b", 1, ["clip"], 12, ledger)  # 12 steps against the recorded 8
+    assert len(ran(tmp_path)) == 1 and not (tmp_path / "b" / "clip" / "seed0" / "summary.json").exists()
+
+
+def test_a_stop_file_stops_the_study_before_its_next_run(tmp_path, study_with_fake_runs):
+    study, out = study_with_fake_runs, tmp_path / "out"
+    out.mkdir()
+    (out / "STOP").touch()
+    assert study.run(out, 1, ["clip", "band-kl"], 8, None) == 3
+    assert ran(tmp_path) == [] and not (out / "STOP").exists()  # consumed: the next call continues
+    assert study.run(out, 1, ["clip", "band-kl"], 8, None) == 0
+    assert len(ran(tmp_path)) == 2
