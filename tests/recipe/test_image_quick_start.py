@@ -65,12 +65,18 @@ def image_layout() -> dict:
     return {"workdir": workdir, "repository": copy_dest, "links": links, "env": env}
 
 
-def documented_mounts() -> dict[str, str]:
-    """The `-v HOST:CONTAINER` mounts of the Dockerfile header's `docker run` (container path -> host)."""
-    header = "\n".join(line for line in DOCKERFILE.splitlines() if line.startswith("#"))
-    run = re.search(r"docker run (.*?openrlhf-band)\n", header.replace("\\\n#", " "), re.DOTALL)
-    assert run, "the Dockerfile's header shows no `docker run ... openrlhf-band`"
+def docker_run_mounts(text: str, where: str) -> dict[str, str]:
+    """The `-v "HOST:CONTAINER"` mounts of the `docker run ... openrlhf-band` command in `text` (its line
+    continuations already joined), as container path -> host path."""
+    run = re.search(r"docker run (.*?openrlhf-band)\n", text, re.DOTALL)
+    assert run, f"{where} shows no `docker run ... openrlhf-band`"
     return {container: host for host, container in re.findall(r'-v "([^":]+):([^"]+)"', run.group(1))}
+
+
+def documented_mounts() -> dict[str, str]:
+    """The mounts of the Dockerfile header's `docker run` (container path -> host)."""
+    header = "\n".join(line for line in DOCKERFILE.splitlines() if line.startswith("#"))
+    return docker_run_mounts(header.replace("\\\n#", " "), "the Dockerfile's header")
 
 
 QUICK_START = README.split("## GPU quick start", 1)[1].split("\n## ", 1)[0]
@@ -84,10 +90,8 @@ def quick_start_commands() -> list[str]:
 
 
 def test_readmes_docker_run_mounts_what_the_dockerfile_documents():
-    run = re.search(r"docker run (.*?openrlhf-band)\n", QUICK_START.replace("\\\n", " "), re.DOTALL)
-    assert run, "README's GPU quick start shows no `docker run ... openrlhf-band`"
-    mounts = {container: host for host, container in re.findall(r'-v "([^":]+):([^"]+)"', run.group(1))}
-    assert mounts == documented_mounts()
+    mounts = docker_run_mounts(QUICK_START.replace("\\\n", " "), "README's GPU quick start")
+    assert mounts == documented_mounts() and len(mounts) == 3
 
 
 def test_the_dockerfile_is_read_as_the_image_is_laid_out():
