@@ -214,6 +214,19 @@ def run(out: Path, seeds: int, methods: list[str], steps: int, ledger: Path | No
     return run_pairs(RUN_SH, out, seeds, chosen, {"SMOL_STEPS": str(steps)}, SEED0, restore, keep)
 
 
+def ledger_table(ledger: Path) -> str:
+    """The finished runs of the ledger as a Markdown table (docs/smollm2_study.md shows it while the study runs):
+    held-out reward, entropy and answer_found before -> after, and the run's seconds; method order, then seed."""
+    lines = ["| method | seed | reward | entropy (nats) | answer found | run s |", "|---|---|---|---|---|---|"]
+    for method in METHODS:
+        for record in sorted(ledger.glob(f"{method}-seed*.json"), key=lambda p: int(p.stem.rsplit("seed", 1)[1])):
+            s = json.loads(record.read_text())
+            cells = [f"{s['before'][k]:.3f} -> {s['after'][k]:.3f}" for k in ("mean_reward", "entropy", "answer_found")]
+            seed = record.stem.rsplit("seed", 1)[1]
+            lines.append(f"| {method} | {seed} | " + " | ".join(cells) + f" | {s['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def load(out: Path) -> dict[str, dict[int, dict]]:
     return load_runs(out, list(METHODS))
 
@@ -344,6 +357,8 @@ def main() -> int:
     f.add_argument("--methods", nargs="+", default=list(BIN_METHODS), choices=list(METHODS))
     f.add_argument("--before", type=Path, required=True, help="evaluate.py's JSON of the starting model")
     f.add_argument("--docs", type=Path, default=Path("studies/smollm2/results"))
+    led = sub.add_parser("ledger", help="the ledger's finished runs as a Markdown table")
+    led.add_argument("--ledger", type=Path, default=LEDGER)
     s = sub.add_parser("summarize")
     s.add_argument("--run", type=Path, required=True)
     s.add_argument("--before", type=Path, required=True)
@@ -357,6 +372,9 @@ def main() -> int:
         command = f"python studies/smollm2/study.py first-step --before {args.before}"
         print(token_bins(args.out, args.before, args.docs, command), end="")
         return status
+    if args.command == "ledger":
+        print(ledger_table(args.ledger), end="")
+        return 0
     if args.command == "summarize":
         summarize(args.run, args.before, args.seconds)
         return 0

@@ -184,3 +184,27 @@ def test_a_stop_file_stops_the_study_before_its_next_run(tmp_path, study_with_fa
     assert ran(tmp_path) == [] and not (out / "STOP").exists()  # consumed: the next call continues
     assert study.run(out, 1, ["clip", "band-kl"], 8, None) == 0
     assert len(ran(tmp_path)) == 2
+
+
+def test_the_page_shows_the_ledgers_finished_runs():
+    """docs/smollm2_study.md's table of finished runs is `study.py ledger` of the committed ledger, and every
+    committed run was made with the study's settings (those `make smollm2-study` would run now)."""
+    study = load_study()
+    table = study.ledger_table(study.LEDGER)
+    assert table in PAGE, table
+    for record in sorted(study.LEDGER.glob("*.json")):
+        method, seed = record.stem.rsplit("-seed", 1)
+        recorded = json.loads(record.read_text())["settings"]
+        assert recorded == study.expected_settings(method, int(seed), 8), record.name
+
+
+def test_the_ledger_table_can_fail(tmp_path):
+    """One run of the ledger alone makes the table's first lines; its reward changed, they are not the page's."""
+    study = load_study()
+    first = next(p for m in study.METHODS if (p := study.LEDGER / f"{m}-seed0.json").exists())
+    record = json.loads(first.read_text())
+    (tmp_path / first.name).write_text(json.dumps(record))
+    assert study.ledger_table(tmp_path) in PAGE
+    record["after"]["mean_reward"] += 0.5
+    (tmp_path / first.name).write_text(json.dumps(record))
+    assert study.ledger_table(tmp_path) not in PAGE
