@@ -29,6 +29,9 @@ Resources per (variant, target), all from the compiled cubin and ptxas' own `-v`
 * blocks_per_sm: occupancy from registers (allocated per warp in units of 256, over 4 SM
   sub-partitions), shared memory (+1 KiB the CUDA runtime reserves per block, 128-byte granularity),
   threads and resident blocks per SM, with the per-arch limits in `ARCH_LIMITS`.
+* compile_cpu_s: CPU seconds of `triton.compile`, this process's and its children's (ptxas): the compile's
+  own work, which another job on the machine does not inflate as it does the wall time; the 10 s bound
+  of `make test` is on it.
 * compile_s: wall seconds of `triton.compile` (Triton's cache is bypassed, TRITON_ALWAYS_COMPILE),
   after one untimed warm-up compile: a process's first compile also loads Triton's compiler
   libraries, which took 13 s in a fresh venv once (the kernel itself compiles in ~1 s).
@@ -58,6 +61,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from openrlhf_band.band.spec import DPPO_DIVERGENCES
 
 DIVERGENCE_NAMES = ("kl", "tv", "chi2", "reverse_kl", "hellinger")
 RADII = ("scalar", "per-token", "per-seq")
@@ -216,27 +221,48 @@ class Variant:
     kernel: str  # 'fwd' or 'bwd'
     divergence: str = "kl"
     radius: str = "scalar"  # 'scalar' (delta = 0.05), 'per-token' (B, T), 'per-seq' (B, 1), 'bounds'
-    # 'scripts': mask, return_bounds, upper_cap=10, dual_clip=10; 'floor': + lower_floor 0.8; 'all': + relax, the
-    # floor and a ratio truncation; 'dppo': DPPO's options (asymmetric radii, truncation, no cap, no dual clip)
+    # 'bare': no mask, no option, no bounds out (the least code); 'scripts': mask, return_bounds, upper_cap=10,
+    # dual_clip=10 (what the example scripts run); 'floor': + lower_floor 0.8; 'all': + relax, the floor and a
+    # ratio truncation (every option at once: the most code); 'dppo': DPPO's options (asymmetric radii,
+    # truncation, no cap, no dual clip; a scalar radius, the only one asymmetric radii take)
     options: str = "scripts"
-    dtype: str = "fp32"  # of log_probs
+    dtype: str = "fp32"  # of log_probs: fp32, bf16 or fp16 (the three the launcher takes)
 
 
-def variants() -> list[Variant]:
-    """Every variant this check compiles (see the module docstring)."""
+DTYPES = ("fp32", "bf16", "fp16")
+#: the forward's option sets per (divergence, radius) and which dtypes each is compiled in: what the kernel
+#: specialises on is its bounds kind, the radius' strides, the 8 option flags and the input dtype; these are
+#: the least code, the scripts', every option at once and DPPO's (docs/kernel.md#the-variants-compiled)
+OPTION_DTYPES = {"bare": ("fp32", "bf16"), "scripts": DTYPES, "all": DTYPES, "dppo": ("fp32", "bf16")}
+
+
+#: what `make test` compiles for each of its five targets (`--set ci`), within its time budget: every option at once
+#: (the most code) in fp32 and bf16, the scripts' options in bf16 (the dtype whose load has spilled where another's
+#: did not, docs/kernel.md), DPPO's options for DPPO's divergences (the rule takes tv and kl), the floor, given
+#: bounds and the backward. `--set full`, the default and bench/aot_versions.sh's, adds fp16, the scripts' options
+#: in fp32, the bare variants and DPPO's options on every divergence (docs/kernel.md#the-variants-compiled)
+CI_OPTION_DTYPES = {"scripts": ("bf16",), "all": ("fp32", "bf16"), "dppo": ("fp32", "bf16")}
+VARIANT_SETS = ("full", "ci")
+
+
+def variants(variant_set: str = "full") -> list[Variant]:
+    """The variants of `variant_set` ('full': OPTION_DTYPES; 'ci': CI_OPTION_DTYPES), see the module docstring."""
+    if variant_set not in VARIANT_SETS:
+        raise ValueError(f"unknown variant set {variant_set!r}; choose one of {VARIANT_SETS}")
+    ci = variant_set == "ci"
     out = []
     for div in DIVERGENCE_NAMES:
         for radius in RADII:
-            for dtype in ("fp32", "bf16"):
-                out.append(Variant(f"fwd-{div}-{radius}-scripts-{dtype}", "fwd", div, radius, "scripts", dtype))
-    for div in DIVERGENCE_NAMES:
-        out.append(Variant(f"fwd-{div}-scalar-all-fp32", "fwd", div, "scalar", "all", "fp32"))
-    for dtype in ("fp32", "bf16"):
-        out.append(Variant(f"fwd-bounds-scripts-{dtype}", "fwd", "kl", "bounds", "scripts", dtype))
+            for options, dtypes in (CI_OPTION_DTYPES if ci else OPTION_DTYPES).items():
+                if options == "dppo" and (radius != "scalar" or (ci and div not in DPPO_DIVERGENCES)):
+                    continue
+                for dtype in dtypes:
+                    out.append(Variant(f"fwd-{div}-{radius}-{options}-{dtype}", "fwd", div, radius, options, dtype))
+    for dtype in ("bf16",) if ci else ("fp32", "bf16"):
         out.append(Variant(f"fwd-kl-scalar-floor-{dtype}", "fwd", "kl", "scalar", "floor", dtype))
-        for div in ("tv", "kl"):
-            out.append(Variant(f"fwd-{div}-scalar-dppo-{dtype}", "fwd", div, "scalar", "dppo", dtype))
-    for dtype in ("fp32", "bf16"):
+        for options in ("scripts",) if ci else ("bare", "scripts"):
+            out.append(Variant(f"fwd-bounds-{options}-{dtype}", "fwd", "kl", "bounds", options, dtype))
+    for dtype in ("fp32", "bf16") if ci else DTYPES:
         out.append(Variant(f"bwd-{dtype}", "bwd", dtype=dtype))
     return out
 
@@ -248,13 +274,16 @@ def launch_variant(variant: Variant, batch: int = 4, tokens: int = 1000) -> Laun
     from openrlhf_band.band.spec import spec_from_keywords
     from openrlhf_band.ops import band_loss
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[variant.dtype]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[variant.dtype]
     gen = torch.Generator().manual_seed(0)
     old = -torch.rand(batch, tokens, generator=gen) * 5
     log_probs = (old + 0.1 * torch.randn(batch, tokens, generator=gen)).to(dtype).requires_grad_(True)
     adv = torch.randn(batch, tokens, generator=gen)
     mask = torch.rand(batch, tokens, generator=gen) > 0.1
     kwargs: dict[str, Any] = {"divergence": variant.divergence, "return_bounds": True, "dual_clip": 10.0}
+    if variant.options == "bare":
+        kwargs.update(return_bounds=False, dual_clip=None)
+        mask = None
     if variant.radius == "per-token":
         kwargs["delta"] = torch.full((batch, tokens), 0.05)
     elif variant.radius == "per-seq":
@@ -263,7 +292,7 @@ def launch_variant(variant: Variant, batch: int = 4, tokens: int = 1000) -> Laun
         kwargs["bounds"] = (torch.full((batch, tokens), 0.8), torch.full((batch, tokens), 1.3))
     else:
         kwargs["delta"] = 0.05
-    if variant.radius != "bounds":
+    if variant.radius != "bounds" and variant.options != "bare":
         kwargs["upper_cap"] = 10.0
         if variant.options in ("floor", "all"):
             kwargs["lower_floor"] = 0.8
@@ -377,11 +406,20 @@ class Row:
     sass_instructions: int = 0
     blocks_per_sm: int = 0
     compile_s: float = 0.0
+    compile_cpu_s: float = 0.0
     signature_hints: dict = field(default_factory=dict)
 
 
-def compile_launch(kernel: str, launch: Launch, target: Any) -> tuple[Any, str, float]:
-    """(compiled kernel, ptxas log, seconds) of one recorded launch for `target`."""
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its waited-for children (ptxas, cuobjdump)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def compile_launch(kernel: str, launch: Launch, target: Any) -> tuple[Any, str, float, float]:
+    """(compiled kernel, ptxas log, wall seconds, CPU seconds) of one recorded launch for `target`."""
     import triton
     from triton.compiler import ASTSource, make_backend
 
@@ -390,10 +428,10 @@ def compile_launch(kernel: str, launch: Launch, target: Any) -> tuple[Any, str, 
     options, signature, constexprs, attrs = specialize(fn, backend, launch.args, launch.kwargs)
     src = ASTSource(fn, signature, constexprs, attrs)
     log = io.StringIO()
-    start = time.perf_counter()
+    cpu, start = _cpu_seconds(), time.perf_counter()
     with _compile_env(), contextlib.redirect_stdout(log):
         compiled = triton.compile(src, target=target, options=options.__dict__)
-    return compiled, log.getvalue(), time.perf_counter() - start
+    return compiled, log.getvalue(), time.perf_counter() - start, _cpu_seconds() - cpu
 
 
 def _hints(fn: Any, launch: Launch, backend: Any) -> dict[str, str]:
@@ -412,20 +450,31 @@ def _hints(fn: Any, launch: Launch, backend: Any) -> dict[str, str]:
     return out
 
 
+def for_backend(launch: Launch, target: Any) -> Launch:
+    """The launch as the launcher makes it for `target`'s backend: the recorder runs on a CPU build of torch,
+    which launches as CUDA does; on AMD (a ROCm torch) the launcher leaves out the CUDA-only options."""
+    from openrlhf_band.ops import band_loss
+
+    if target.backend == "cuda":
+        return launch
+    kwargs = {k: v for k, v in launch.kwargs.items() if k not in band_loss._CUDA_ONLY_LAUNCH_OPTIONS}
+    return Launch(launch.kernel, launch.grid, launch.args, kwargs)
+
+
 def check_one(variant: Variant, target_spec: str | int) -> Row:
     """Compile one variant for one target and measure it (a failed compile is a row with ok=False)."""
     target = make_target(target_spec)
     row = Row(variant.name, str(target_spec))
     try:
-        launch = launch_variant(variant)
+        launch = for_backend(launch_variant(variant), target)
         from triton.compiler import make_backend
 
         row.signature_hints = _hints(_kernel_fn(variant.kernel), launch, make_backend(target))
-        compiled, log, seconds = compile_launch(variant.kernel, launch, target)
+        compiled, log, seconds, cpu_seconds = compile_launch(variant.kernel, launch, target)
     except Exception as err:  # noqa: BLE001 - every failure is a row in the table
         row.error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
         return row
-    row.compile_s = round(seconds, 2)
+    row.compile_s, row.compile_cpu_s = round(seconds, 2), round(cpu_seconds, 2)
     meta = compiled.metadata
     row.num_warps = int(meta.num_warps)
     warp = int(getattr(meta, "warp_size", 32) or 32)
@@ -468,7 +517,8 @@ def amd_support() -> str:
     results = []
     for arch in AMD_TARGETS:
         try:
-            compiled, _log, seconds = compile_launch("bwd", launch_variant(variant), make_target(arch))
+            target = make_target(arch)
+            compiled, _log, seconds, _cpu = compile_launch("bwd", for_backend(launch_variant(variant), target), target)
             results.append(f"{arch}: yes ({'hsaco' if 'hsaco' in compiled.asm else 'no hsaco'}, {seconds:.1f} s)")
         except Exception as err:  # noqa: BLE001
             msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -509,6 +559,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `openrlhf-band aot`."""
     parser.add_argument("--targets", nargs="+", default=[str(t) for t in DEFAULT_TARGETS],
                         help="CUDA compute capabilities (80 90 ...), or gfx942 / gfx90a")  # fmt: skip
+    parser.add_argument("--set", dest="variant_set", choices=VARIANT_SETS, default="full",
+                        help="full: every variant (default); ci: what make test compiles")  # fmt: skip
     parser.add_argument("--variants", nargs="+", default=None,
                         help="only variants whose name contains one of these substrings (e.g. fwd-kl bwd)")  # fmt: skip
     parser.add_argument("--out", default="out/bench",
@@ -518,11 +570,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", default="", help="suffix for the output file names (e.g. -device)")
 
 
-def select_variants(patterns: Sequence[str] | None) -> list[Variant]:
-    """Variants whose name contains any of `patterns` (all when None)."""
-    chosen = [v for v in variants() if not patterns or any(p in v.name for p in patterns)]
+def select_variants(patterns: Sequence[str] | None, variant_set: str = "full") -> list[Variant]:
+    """Variants of `variant_set` whose name contains any of `patterns` (all when None)."""
+    pool = variants(variant_set)
+    chosen = [v for v in pool if not patterns or any(p in v.name for p in patterns)]
     if not chosen:
-        raise ValueError(f"no variant matches {list(patterns or [])}; names: {[v.name for v in variants()]}")
+        raise ValueError(f"no variant matches {list(patterns or [])}; names: {[v.name for v in pool]}")
     return chosen
 
 
@@ -536,9 +589,11 @@ def _check_pair(pair: tuple[Variant, str]) -> Row:
     return check_one(*pair)
 
 
-def run_check(targets: Sequence[str | int], patterns: Sequence[str] | None = None, jobs: int = 1) -> list[Row]:
+def run_check(
+    targets: Sequence[str | int], patterns: Sequence[str] | None = None, jobs: int = 1, variant_set: str = "full"
+) -> list[Row]:
     """Rows for every selected variant x target, in that order."""
-    pairs = [(v, str(t)) for t in targets for v in select_variants(patterns)]
+    pairs = [(v, str(t)) for t in targets for v in select_variants(patterns, variant_set)]
     rows = []
 
     def progress(row: Row) -> None:  # one line per compile on stderr, so a long run shows where it is
@@ -586,7 +641,7 @@ def main(args: argparse.Namespace) -> int:
     import triton
 
     start = time.perf_counter()
-    rows = run_check(args.targets, args.variants, args.jobs)
+    rows = run_check(args.targets, args.variants, args.jobs, args.variant_set)
     amd = "AMD probe skipped" if args.no_amd else amd_support()
     print(format_table(rows))
     print(amd)
@@ -597,10 +652,11 @@ def main(args: argparse.Namespace) -> int:
         "triton": triton.__version__,
         "torch": torch.__version__,
         "targets": [str(t) for t in args.targets],
+        "variant_set": args.variant_set,
         "amd": amd,
         "seconds": round(time.perf_counter() - start, 1),
         "units": "registers per thread; *_B bytes (spills, local per thread, shared per block); "
-        "f64/f32_per_token: static SASS count / elems_per_thread; compile_s: seconds",
+        "f64/f32_per_token: static SASS count / elems_per_thread; compile_s: wall seconds; compile_cpu_s: CPU seconds",
         "rows": [asdict(r) for r in rows],
     }
     Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")

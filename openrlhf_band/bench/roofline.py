@@ -1,6 +1,6 @@
 """Roofline estimate of the fused Band loss per variant, from the ahead-of-time resource table.
 
-    python -m openrlhf_band.bench.roofline [bench/results/aot_triton-3.7.1.json] [--target 90]
+    python -m openrlhf_band.bench.roofline [bench/results/aot_triton-3.7.1.json] [--target 90] [--variants scripts]
 
 For each forward variant: bytes moved per token (forward + backward, from the variant's inputs and
 outputs), float64 SASS instructions per token (the table's static count), and the estimated time per
@@ -22,12 +22,12 @@ PEAKS = {"H200": (4.8e12, 16.7e12), "A100": (2.04e12, 4.9e12), "L40S": (0.864e12
 
 def bytes_per_token(variant: str) -> int:
     """Forward loads + stores and backward traffic of one token, as the launcher passes them."""
-    bf16 = variant.endswith("bf16")
-    logp = 2 if bf16 else 4
-    loads = logp + 4 + 4 + 1  # log_probs, old_log_probs and advantages (float32), mask (1 byte)
+    logp = 2 if variant.endswith(("bf16", "fp16")) else 4
+    bare = "-bare-" in variant  # no mask, no bounds returned
+    loads = logp + 4 + 4 + (0 if bare else 1)  # log_probs, old_log_probs and advantages (float32), mask (1 byte)
     loads += 4 if "per-token" in variant else 0  # the radius, float32 per token (per sequence: ~0)
     loads += 8 if "bounds" in variant else 0  # given lower / upper
-    stores = 4 + 4 + 1 + 8  # loss, coefficient, flags, returned bounds (metrics need them)
+    stores = 4 + 4 + 1 + (0 if bare else 8)  # loss, coefficient, flags, returned bounds (metrics need them)
     backward = 4 + 4 + logp  # coefficient, upstream, gradient
     return loads + stores + backward
 
@@ -36,8 +36,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("table", nargs="?", default="bench/results/aot_triton-3.7.1.json")
     parser.add_argument("--target", default="90")
+    parser.add_argument("--variants", nargs="+", default=None, help="only variants whose name contains one of these")
     args = parser.parse_args()
     rows = [r for r in json.load(open(args.table))["rows"] if r["target"] == args.target and r["ok"]]
+    rows = [r for r in rows if not args.variants or any(p in r["variant"] for p in args.variants)]
     header = "| variant | B/token | f64/token |" + "".join(f" {g} us/M tok (bound) |" for g in PEAKS)
     print(header)
     print("|" + "---|" * (3 + len(PEAKS)))

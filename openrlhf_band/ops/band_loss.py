@@ -115,6 +115,28 @@ _BLOCK = 1024
 _FORWARD_WARPS = 16
 _EIGHT_WARP_KINDS = (BOUNDS_TV, BOUNDS_EDGE_TABLE)
 _BACKWARD_WARPS = 4
+# hellinger's register ceiling for ptxas (Triton's `maxnreg`, a CUDA option): what one program may use and still
+# fit on an SM, 65,536 registers / 512 threads = 128. Left to itself ptxas sets a lower budget from a guess at
+# occupancy: with every option and a tensor radius, hellinger needs about 64-66 registers, and ptxas squeezed it
+# into 64 (two programs per SM) at sm_80 and sm_89, where the per-token radius spilled 8 B a thread (triton 3.7.1).
+# Told the real ceiling it takes 66 there and spills nothing, at one program per SM (as every hellinger variant
+# without those options has: 66-77 registers). The cost: the per-sequence twin, which had fit 64 registers
+# without a spill at sm_80, sm_89 and sm_90, also goes to 66 and one program (9 (variant, target) pairs); kept,
+# because 64 is the edge where its per-token twin spilled. Only hellinger: for the other kinds the same ceiling
+# (128 at 16 warps, 255 at 8) removes no spill and costs occupancy in 82 pairs (bench/results/
+# aot_register_ceiling_triton-3.7.1.*, docs/kernel.md#warps-and-tokens-per-thread). AMD's backend has no
+# `maxnreg` (Triton refuses the keyword), so a ROCm build of torch launches without it.
+_CEILING_KINDS = (BOUNDS_HELLINGER,)
+_MAX_REGISTERS_PER_SM = 65536
+_CUDA_ONLY_LAUNCH_OPTIONS = ("maxnreg",)
+
+
+def _forward_launch_options(kind: int, cuda: bool = True) -> dict[str, int]:
+    """num_warps (and, on CUDA for the kinds in _CEILING_KINDS, maxnreg) of the forward kernel for a bounds kind."""
+    warps = 8 if kind in _EIGHT_WARP_KINDS else _FORWARD_WARPS
+    if kind not in _CEILING_KINDS or not cuda:
+        return {"num_warps": warps}
+    return {"num_warps": warps, "maxnreg": min(255, _MAX_REGISTERS_PER_SM // (warps * 32))}
 
 
 @triton.jit
@@ -558,7 +580,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
             HAS_LOWER_DELTA=lower_delta is not None, HAS_TRUNC=ratio_truncation is not None,
             STORE_BOUNDS=return_bounds,
             STEPS=HALLEY_STEPS, LR_CLAMP=LOG_RATIO_CLAMP, BLOCK=_BLOCK,
-            num_warps=8 if kind in _EIGHT_WARP_KINDS else _FORWARD_WARPS,
+            **_forward_launch_options(kind, cuda=torch.version.hip is None),
         )  # fmt: skip
     shape = log_probs.shape
     bounds = (out_lo.reshape(shape), out_hi.reshape(shape)) if return_bounds else (None, None)

@@ -21,7 +21,9 @@ from openrlhf_band.bench.aot import classify_opcode, count_sass, occupancy, vari
 
 ROOT = Path(__file__).resolve().parents[2]
 # the GPU targets `make test` compiles: the docs state this list (tests/docs/test_kernel_docs.py holds them to it)
-CI_TARGETS = ("80", "90")
+CI_TARGETS = ("80", "89", "90", "100", "120")
+# where the check writes the table it checked (aot_triton-<version>.json / .csv), kept after the run
+CI_TABLE_DIR = ROOT / "out" / "bench" / "ci"
 
 
 def _clean_env() -> dict[str, str]:
@@ -93,7 +95,9 @@ _RECORDER = """
     fwd, bwd = bl._band_loss_fwd_kernel, bl._band_loss_bwd_kernel
     f = launch_variant(Variant("x", "fwd", "kl", "per-token", "all", "bf16"))
     b = launch_variant(Variant("y", "bwd", dtype="bf16"))
+    h = launch_variant(Variant("z", "fwd", "hellinger", "per-token", "all", "bf16"))
     print(json.dumps({
+        "hellinger_options": {k: h.kwargs.get(k) for k in ("num_warps", "maxnreg")},
         "restored": bl._band_loss_fwd_kernel is fwd and bl._band_loss_bwd_kernel is bwd,
         "fwd_kwargs": {k: v for k, v in f.kwargs.items() if isinstance(v, (bool, int, float))},
         "fwd_logp_dtype": str(f.args[0].dtype), "fwd_delta_dtype": str(f.args[4].dtype),
@@ -108,6 +112,8 @@ def test_recorder_captures_the_real_launch_and_restores_the_kernels():
     kw = r["fwd_kwargs"]
     assert kw["KIND"] == 6 and kw["HAS_MASK"] and kw["HAS_CAP"] and kw["HAS_RELAX"] and kw["HAS_DUAL"]
     assert kw["STORE_BOUNDS"] and kw["BLOCK"] == 1024
+    assert kw["num_warps"] == 16 and "maxnreg" not in kw  # kl: ptxas' own register budget
+    assert r["hellinger_options"] == {"num_warps": 16, "maxnreg": 128}  # the ceiling: 65,536 / 512 threads
     assert r["fwd_logp_dtype"] == "torch.bfloat16" and r["fwd_delta_dtype"] == "torch.float32"
     assert r["bwd_grad_dtype"] == "torch.bfloat16"
     assert r["grid"] == [4]  # 4 x 1000 tokens in blocks of 1024
@@ -135,6 +141,35 @@ SASS = """
 """
 
 
+_CEILING = """
+    import json, triton
+    import openrlhf_band.ops.band_loss as bl
+    from openrlhf_band.bench.aot import Variant, check_one
+    variant = Variant("fwd-hellinger-per-token-all-fp32", "fwd", "hellinger", "per-token", "all", "fp32")
+    rows = {f"ceiling@{t}": check_one(variant, t) for t in ("80", "89")}
+    rows["amd"] = check_one(variant, "gfx942")  # no maxnreg on AMD: Triton's hip backend refuses the keyword
+    bl._CEILING_KINDS = ()  # the launcher as it was before the ceiling
+    rows |= {f"ptxas@{t}": check_one(variant, t) for t in ("80", "89")}
+    out = {k: [r.ok, r.registers, r.spill_stores_B + r.spill_loads_B, r.error] for k, r in rows.items()}
+    print(json.dumps({"triton": triton.__version__, **out}))
+"""
+
+
+def test_the_register_ceiling_removes_the_hellinger_spill_and_amd_launches_without_it():
+    """hellinger with every option and a per-token radius at sm_80 and sm_89: given the ceiling ptxas spills
+    nothing within 128 registers. Under the pinned triton (3.7.1) ptxas left to itself squeezes it into 64
+    registers and spills: the defect the ceiling fixes (another ptxas may not, so that half is pinned to it).
+    On AMD the launch carries no maxnreg and compiles."""
+    r = _run_python(_CEILING)
+    for target in ("80", "89"):
+        ok, registers, spilled, error = r[f"ceiling@{target}"]
+        assert ok and 64 < registers <= 128 and spilled == 0, (target, r)
+        if r["triton"] == "3.7.1":
+            ok, registers, spilled, error = r[f"ptxas@{target}"]
+            assert ok and registers == 64 and spilled > 0, (target, r)
+    assert r["amd"][0], r["amd"]
+
+
 def test_opcode_classifier_counts_a_known_snippet():
     # f64: DADD DFMA MUFU.RCP64H F2F.F32.F64 F2F.F64.F32 DSETP I2F.F64.S64 = 7
     # f32: FADD FFMA MUFU.EX2 FSEL FSETP F2I.S64.TRUNC = 6; DEPBAR, HFMA2, IMAD, LDC, EXIT: neither
@@ -150,18 +185,44 @@ def test_occupancy_from_registers_and_limits():
     assert occupancy(90, 32, 100 * 1024, 128) == 2  # shared memory 228 KiB
 
 
-def test_aot_compiles_every_variant_for_the_ci_targets_without_spills(tmp_path):
-    """The CLI for CI_TARGETS, all variants: exit 0 means no compile error and no spill."""
-    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "aot", "--targets", *CI_TARGETS, "--out", str(tmp_path),
-           "--jobs", str(min(2, os.cpu_count() or 1)), "--no-amd"]  # fmt: skip
+def test_aot_compiles_the_ci_variants_for_the_ci_targets_without_spills():
+    """The CLI for CI_TARGETS, `--set ci`: exit 0 means no compile error and no spill; the table stays in
+    out/bench/ci/. `--set full` (every variant, fp16 and the bare ones too) is bench/aot_versions.sh's."""
+    for old in CI_TABLE_DIR.glob("aot_triton-*"):
+        old.unlink()
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "aot", "--targets", *CI_TARGETS, "--set", "ci",
+           "--out", str(CI_TABLE_DIR), "--jobs", str(min(2, os.cpu_count() or 1)), "--no-amd"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), cwd=ROOT, timeout=3000)
-    report = next(tmp_path.glob("aot_triton-*.json"), None)
+    report = next(CI_TABLE_DIR.glob("aot_triton-*.json"), None)
     assert report is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads(report.read_text())["rows"]
-    n = len(CI_TARGETS)
-    assert {r["target"] for r in rows} == set(CI_TARGETS) and len(rows) == n * len(variants()) >= n * 45
+    data = json.loads(report.read_text())
+    rows = data["rows"]
+    assert data["variant_set"] == "ci" and data["targets"] == list(CI_TARGETS)
+    assert [(r["variant"], r["target"]) for r in rows] == [(v.name, t) for t in CI_TARGETS for v in variants("ci")]
     bad = [line for line in proc.stderr.splitlines() if line.startswith("FAIL")]
     assert proc.returncode == 0 and not bad, "\n".join(bad) + "\n" + proc.stdout[-4000:]
-    # the issue's goal: every variant compiles within 10 s per target here (measured at most ~3.6 s)
-    slow = [f"{r['variant']}@{r['target']}: {r['compile_s']} s" for r in rows if r["compile_s"] > 10.0]
+    assert all(r["ok"] and r["registers"] > 0 for r in rows)  # every row read from ptxas
+    # the issue's bound: every variant compiles within 10 s per target. On CPU seconds (the compile's and ptxas'
+    # own work): wall seconds on a shared 2-core machine measure the neighbours too (a study beside this check
+    # once stretched one compile to 11.5 s wall)
+    slow = [f"{r['variant']}@{r['target']}: {r['compile_cpu_s']} CPU s" for r in rows if r["compile_cpu_s"] > 10.0]
     assert not slow, slow
+    assert all(0 < r["compile_cpu_s"] for r in rows)
+
+
+def test_the_ci_set_holds_every_kind_radius_and_option_set_users_launch():
+    """--set ci is a subset of --set full that still holds each divergence x radius with every option (fp32 and
+    bf16) and with the scripts' options (bf16), DPPO's for the divergences its rule takes, the floor, given
+    bounds and the backward; what it leaves to --set full is fp16, fp32 scripts, the bare sets and DPPO's
+    options on the other divergences."""
+    full, ci = {v.name for v in variants()}, {v.name for v in variants("ci")}
+    assert ci < full
+    for div in ("kl", "tv", "chi2", "reverse_kl", "hellinger"):
+        for radius in ("scalar", "per-token", "per-seq"):
+            every_option = {f"fwd-{div}-{radius}-all-{d}" for d in ("fp32", "bf16")}
+            assert every_option | {f"fwd-{div}-{radius}-scripts-bf16"} <= ci
+    assert {f"fwd-{div}-scalar-dppo-{d}" for div in ("tv", "kl") for d in ("fp32", "bf16")} <= ci
+    assert {"fwd-kl-scalar-floor-bf16", "fwd-bounds-scripts-bf16", "bwd-fp32", "bwd-bf16"} <= ci
+    left = {n for n in full - ci if not any(k in n for k in ("fp16", "-bare-", "scripts-fp32", "floor-fp32"))}
+    other_dppo = {f"fwd-{div}-scalar-dppo-{d}" for div in ("chi2", "reverse_kl", "hellinger") for d in ("fp32", "bf16")}
+    assert left == other_dppo
