@@ -461,7 +461,7 @@ def for_backend(launch: Launch, target: Any) -> Launch:
     return Launch(launch.kernel, launch.grid, launch.args, kwargs)
 
 
-def check_one(variant: Variant, target_spec: str | int) -> Row:
+def check_one(variant: Variant, target_spec: str | int, sass: bool = True) -> Row:
     """Compile one variant for one target and measure it (a failed compile is a row with ok=False)."""
     target = make_target(target_spec)
     row = Row(variant.name, str(target_spec))
@@ -501,7 +501,8 @@ def check_one(variant: Variant, target_spec: str | int) -> Row:
     row.registers, row.local_B = res["registers"], res["local_B"]
     row.spill_stores_B, row.spill_loads_B = res["spill_stores_B"], res["spill_loads_B"]
     row.shared_B += res["static_smem_B"]
-    counts = count_sass(sass_of(compiled.asm["cubin"]))
+    # the static SASS counts (cuobjdump, about as much CPU as the compile itself); sass=False leaves them 0
+    counts = count_sass(sass_of(compiled.asm["cubin"])) if sass else {"total": 0, "f64": 0, "f32": 0}
     row.sass_instructions = counts["total"]
     per = row.elems_per_thread or 1.0
     row.f64_per_token = round(counts["f64"] / per, 2)
@@ -567,6 +568,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for aot_triton-<version>.json / .csv (bench/results: the committed)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="compiles in parallel (processes)")
     parser.add_argument("--no-amd", action="store_true", help="skip the AMD (hip) compile probe")
+    parser.add_argument("--no-sass", action="store_true",
+                        help="no SASS instruction counts (f64/f32 per token 0): about half the CPU")  # fmt: skip
     parser.add_argument("--tag", default="", help="suffix for the output file names (e.g. -device)")
 
 
@@ -585,15 +588,19 @@ def _warm_up(target: str) -> None:
     check_one(next(v for v in variants() if v.kernel == "bwd"), target)
 
 
-def _check_pair(pair: tuple[Variant, str]) -> Row:
+def _check_pair(pair: tuple[Variant, str, bool]) -> Row:
     return check_one(*pair)
 
 
 def run_check(
-    targets: Sequence[str | int], patterns: Sequence[str] | None = None, jobs: int = 1, variant_set: str = "full"
+    targets: Sequence[str | int],
+    patterns: Sequence[str] | None = None,
+    jobs: int = 1,
+    variant_set: str = "full",
+    sass: bool = True,
 ) -> list[Row]:
-    """Rows for every selected variant x target, in that order."""
-    pairs = [(v, str(t)) for t in targets for v in select_variants(patterns, variant_set)]
+    """Rows for every selected variant x target, in that order (sass=False: no SASS instruction counts)."""
+    pairs = [(v, str(t), sass) for t in targets for v in select_variants(patterns, variant_set)]
     rows = []
 
     def progress(row: Row) -> None:  # one line per compile on stderr, so a long run shows where it is
@@ -641,7 +648,7 @@ def main(args: argparse.Namespace) -> int:
     import triton
 
     start = time.perf_counter()
-    rows = run_check(args.targets, args.variants, args.jobs, args.variant_set)
+    rows = run_check(args.targets, args.variants, args.jobs, args.variant_set, sass=not args.no_sass)
     amd = "AMD probe skipped" if args.no_amd else amd_support()
     print(format_table(rows))
     print(amd)
@@ -653,6 +660,7 @@ def main(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "targets": [str(t) for t in args.targets],
         "variant_set": args.variant_set,
+        "sass_counts": not args.no_sass,
         "amd": amd,
         "seconds": round(time.perf_counter() - start, 1),
         "units": "registers per thread; *_B bytes (spills, local per thread, shared per block); "

@@ -31,7 +31,7 @@ plus backward, i.e. ~7 ns per 1,000 tokens):
   steps in float64 (both roots as lower roots: the upper root's 1 - q is the lower root of the
   mirrored pair), the same table and steps as `band_bounds`. Measured from the compiled code (sm_90):
   ~910-980 float64 SASS instructions per token (the bisection + Newton solver it replaced: ~6,300),
-  118-122 registers at 2 tokens per thread, no spills, ~1-1.5 s to compile (it was 255 registers,
+  118-124 registers at 2 tokens per thread, no spills, 0.75-1.75 CPU s to compile (it was 255 registers,
   ~600 B of spills and 40-110 s). Compute-bound on a GPU (docs/kernel.md has the roofline
   estimate; not measured: no GPU was lent).
 * Any other registered divergence: bounds precomputed by `band_bounds` and read (8 B/token more).
@@ -97,8 +97,8 @@ _BLOCK = 1024
 # 3.6.0 / 3.7.1 / 3.9.0; bench/results/aot_triton-*.csv and docs/kernel.md). An H200 SM must keep ~25 KB
 # of loads in flight to stream at its share of 4.8 TB/s (~18 B per cycle x ~1,400 cycles of latency);
 # a forward token loads 13-17 B, so ~1,500-2,000 tokens per SM.
-# * memory-bound forwards: 16 warps (2 tokens per thread, 38-64 registers at sm_90, 2-3 blocks of 512
-#   threads per SM: 2,048-3,072 tokens, ~30-45 KB in flight; hellinger 71-77 registers, one block)
+# * memory-bound forwards: 16 warps (2 tokens per thread, 32-64 registers at sm_90, 2-4 blocks of 512
+#   threads per SM: 2,048-4,096 tokens, ~30-60 KB in flight; hellinger 66-76 registers, one block)
 #   or 8 warps (4 tokens per thread, 64-128 registers, 2-4 blocks of 256 threads: as many tokens in
 #   flight). Either streams; what decides is
 #   where ptxas spills a register or two: at 8 warps 4 B at sm_120 for hellinger (triton 3.7.1) and kl
@@ -106,7 +106,7 @@ _BLOCK = 1024
 #   table with bf16 inputs (3.6.0). So tv and reverse_kl's table take 8 warps, the rest 16: no spill
 #   on any target under any of the three. (At 4 warps, 8 tokens per thread: 166-255 registers.)
 # * the per-token kl / reverse_kl solves (~900-1,000 float64 instructions per token, compute-bound:
-#   6-7x their memory time on an H200 by docs/kernel.md's roofline) at 16 warps: 118-122 registers,
+#   6-7x their memory time on an H200 by docs/kernel.md's roofline) at 16 warps: 118-124 registers,
 #   no spills, one block of 512 threads per SM. At 8 warps they took 218-234 registers (one block
 #   of 256 threads: half the warps to hide float64 latency), at 32 warps the 64-register cap spilled.
 # * backward (a streaming multiply, 12 B per token): 4 warps, 8 tokens per thread, 54-56 registers,
