@@ -639,10 +639,18 @@ def failures(rows: Sequence[Row]) -> list[str]:
     return bad
 
 
+def interpreter_refusal(command: str) -> str | None:
+    """Why `command` cannot compile here, or None: under TRITON_INTERPRET the kernels are interpreter functions,
+    not JITFunctions, and nothing can be compiled for a GPU target."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return f"{command}: TRITON_INTERPRET is set; unset it (the kernels must be JITFunctions)"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     """Compile, print the table, write JSON + CSV; 1 on any compile error or spill."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("openrlhf-band aot: TRITON_INTERPRET is set; unset it (the kernels must be JITFunctions)")
+    if refusal := interpreter_refusal("openrlhf-band aot"):
+        print(refusal)
         return 2
     import torch
     import triton

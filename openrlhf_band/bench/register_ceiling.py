@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ FIELDS = ("registers", "spill_stores_B", "spill_loads_B", "blocks_per_sm", "num_
 
 
 SHIPPED_KINDS = band_loss._CEILING_KINDS
-ALL_KINDS = tuple(range(8))  # band_loss.BOUNDS_*: precomputed, tv, chi2, hellinger, kl table, edge table, solves
+ALL_KINDS = band_loss.BOUNDS_KINDS
 
 
 def launch_with(ceiling: bool) -> None:
@@ -45,8 +44,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("out/bench"))
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("register_ceiling: TRITON_INTERPRET is set; unset it (the kernels must be JITFunctions)")
+    if refusal := aot.interpreter_refusal("register_ceiling"):
+        print(refusal)
         return 2
     import triton
 

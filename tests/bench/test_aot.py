@@ -229,3 +229,20 @@ def test_the_ci_set_holds_every_kind_radius_and_option_set_users_launch():
     left = {n for n in full - ci if not any(k in n for k in ("fp16", "-bare-", "scripts-fp32", "floor-fp32"))}
     other_dppo = {f"fwd-{div}-scalar-dppo-{d}" for div in ("chi2", "reverse_kl", "hellinger") for d in ("fp32", "bf16")}
     assert left == other_dppo
+
+
+def test_the_compile_tools_refuse_the_interpreter_with_what_to_do():
+    """Under TRITON_INTERPRET the kernels are interpreter functions: both compile commands refuse, saying so."""
+    env = {**_clean_env(), "TRITON_INTERPRET": "1"}
+    for module, name in (("openrlhf_band.tools.cli", "openrlhf-band aot"), ("openrlhf_band.bench.register_ceiling", None)):
+        args = [sys.executable, "-m", module] + (["aot"] if name else [])
+        proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "TRITON_INTERPRET is set; unset it" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_register_ceiling_table_covers_every_bounds_kind():
+    from openrlhf_band.ops import band_loss
+
+    constants = {v for k, v in vars(band_loss).items() if k.startswith("BOUNDS_") and isinstance(v, int)}
+    assert sorted(band_loss.BOUNDS_KINDS) == sorted(constants) and len(set(band_loss.BOUNDS_KINDS)) == len(constants)
