@@ -234,7 +234,8 @@ def test_the_ci_set_holds_every_kind_radius_and_option_set_users_launch():
 def test_the_compile_tools_refuse_the_interpreter_with_what_to_do():
     """Under TRITON_INTERPRET the kernels are interpreter functions: both compile commands refuse, saying so."""
     env = {**_clean_env(), "TRITON_INTERPRET": "1"}
-    for module, name in (("openrlhf_band.tools.cli", "openrlhf-band aot"), ("openrlhf_band.bench.register_ceiling", None)):
+    commands = (("openrlhf_band.tools.cli", "openrlhf-band aot"), ("openrlhf_band.bench.register_ceiling", None))
+    for module, name in commands:
         args = [sys.executable, "-m", module] + (["aot"] if name else [])
         proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
