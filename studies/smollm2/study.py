@@ -231,6 +231,34 @@ def load(out: Path) -> dict[str, dict[int, dict]]:
     return load_runs(out, list(METHODS))
 
 
+def ledger_runs(ledger: Path) -> dict[str, dict[int, dict]]:
+    """The ledger's runs as load() gives out/'s: method -> seed -> summary."""
+    runs: dict[str, dict[int, dict]] = {}
+    for method in METHODS:
+        for record in ledger.glob(f"{method}-seed*.json"):
+            runs.setdefault(method, {})[int(record.stem.rsplit("seed", 1)[1])] = json.loads(record.read_text())
+    return runs
+
+
+def paired_table(runs: dict[str, dict[int, dict]]) -> str:
+    """docs/smollm2_study.md's results table: held-out reward and entropy (nats) after training, mean +- sd over
+    seeds, the rise over the starting model, the paired difference to clip (same seed), and the share of replies
+    that ran into the token budget (a degenerate run's sign)."""
+    lines = ["| method | reward after | rise over the start | reward - clip | entropy after | entropy - clip "
+             "| replies at the budget |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    clip = runs["clip"]
+    for method, by_seed in runs.items():
+        seeds, paired = sorted(by_seed), sorted(set(by_seed) & set(clip))
+        after = {k: mean_sd([by_seed[i]["after"][k] for i in seeds], signed=False) for k in ("mean_reward", "entropy")}
+        to_clip = {k: mean_sd([by_seed[i]["after"][k] - clip[i]["after"][k] for i in paired])
+                   for k in ("mean_reward", "entropy")} if method != "clip" else dict.fromkeys(after, "-")  # fmt: skip
+        rise = mean_sd([by_seed[i]["after"]["mean_reward"] - by_seed[i]["before"]["mean_reward"] for i in seeds])
+        budget = mean_sd([by_seed[i]["after"]["truncated"] for i in seeds], signed=False)
+        cells = [after["mean_reward"], rise, to_clip["mean_reward"], after["entropy"], to_clip["entropy"], budget]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report(out: Path, docs: Path, command: str) -> str:
     runs = load(out)
     if "clip" not in runs:
@@ -289,7 +317,8 @@ def report(out: Path, docs: Path, command: str) -> str:
             cells.append(f"{statistics.fmean(shares):>18.4f}" if shares else f"{'-':>18}")
             cells.append(f"{statistics.fmean(rates):>18.4f}" if rates else f"{'-':>18}")
         lines.append(f"{method:<15}" + "".join(cells))
-    text = "\n".join(lines) + "\n"
+    lines += ["", "the page's table (docs/smollm2_study.md):", paired_table(runs)]
+    text = "\n".join(lines)
     (docs / "summary.txt").write_text(text)
     (docs / "summary.json").write_text(json.dumps(_stats(runs, command), indent=1) + "\n")
     write_steps(runs, docs / "steps.csv", STEP_COLUMNS)

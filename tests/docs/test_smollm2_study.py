@@ -208,3 +208,77 @@ def test_the_ledger_table_can_fail(tmp_path):
     record["after"]["mean_reward"] += 0.5
     (tmp_path / first.name).write_text(json.dumps(record))
     assert study.ledger_table(tmp_path) not in PAGE
+
+
+# ------------------------------------------------------------------ the study's results
+
+
+def first_step_counts(record: dict, bins: tuple[str, ...]) -> tuple[int, int]:
+    """(tokens, clipped) of the run's first step below a p bound: each bin's share x 32 samples x the step's mean
+    reply length is the bin's token count, an integer to float rounding."""
+    first, step_tokens = record["first_step_bins"], 32 * record["metrics"]["train/response_length"]["1"]
+    tokens = clipped = 0.0
+    for b in bins:
+        in_bin = first["tokens"][b] * step_tokens
+        assert math.isclose(in_bin, round(in_bin), abs_tol=1e-3), (b, in_bin)
+        tokens += in_bin
+        clipped += (first["clip_rate"][b] or 0.0) * in_bin
+    assert math.isclose(clipped, round(clipped), abs_tol=1e-3), clipped
+    return round(tokens), round(clipped)
+
+
+def test_the_page_shows_the_studys_results_from_the_ledger():
+    """The results table is paired_table of the committed ledger, the report's summary.txt holds the same table and
+    summary.json the same runs, and the figures the page quotes are the ledger's."""
+    study = load_study()
+    runs = study.ledger_runs(study.LEDGER)
+    assert {m: sorted(s) for m, s in runs.items()} == {m: [0, 1, 2] for m in study.METHODS}
+    table = study.paired_table(runs)
+    assert table in PAGE, table
+    assert table in (RESULTS / "summary.txt").read_text()
+    summary = json.loads((RESULTS / "summary.json").read_text())
+    for method, by_seed in runs.items():
+        after = [by_seed[i]["after"]["mean_reward"] for i in sorted(by_seed)]
+        assert summary["methods"][method]["mean_reward"]["after"] == after, method
+    clip = runs["clip"]
+    rise = statistics.fmean(clip[i]["after"]["mean_reward"] - clip[i]["before"]["mean_reward"] for i in clip)
+    spread = statistics.stdev(clip[i]["after"]["mean_reward"] for i in clip)
+    assert f"{rise / spread:.1f}x the seed spread of its final reward ({spread:.3f})" in PAGE
+    starts = sorted({s["before"]["mean_reward"] for by_seed in runs.values() for s in by_seed.values()})
+    quoted = ", ".join(f"{v:.3f}" for v in starts[:-1]) + f" and {starts[-1]:.3f} (sd {statistics.stdev(starts):.3f}"
+    assert quoted in PAGE, quoted
+    below_001, below_01 = BINS[:1], BINS[:2]
+    for method, name in (("clip", "clip"), ("clip-higher", "Clip-Higher"), ("band-kl", "band-kl")):
+        counts = [first_step_counts(runs[method][i], below_001) for i in range(3)]
+        tokens, clipped = sum(t for t, _ in counts), sum(c for _, c in counts)
+        assert f"{name} {clipped} of {tokens}" in PAGE or f"{name} clipped {clipped} of {tokens}" in PAGE, method
+        counts = [first_step_counts(runs[method][i], below_01) for i in range(3)]
+        assert f"{sum(c for _, c in counts)} of {sum(t for t, _ in counts)}" in PAGE, method
+    per_seed = [first_step_counts(runs["clip"][i], below_001)[1] for i in range(3)]
+    assert f"clip {per_seed[0]}, {per_seed[1]} and {per_seed[2]}" in PAGE
+    assert all(first_step_counts(runs["band-kl"][i], below_001)[1] == 0 for i in range(3))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    band = [runs["band-kl"][i]["after"]["mean_reward"] - clip[i]["after"]["mean_reward"] for i in range(3)]
+    assert f"band-kl ended {study.mean_sd(band)} over clip" in readme
+    assert f"clip itself moved only {rise / spread:.1f}x its seed spread" in readme
+
+
+def test_the_paired_table_pairs_by_seed_and_can_fail():
+    """Hand-made runs: the difference to clip is taken seed by seed, not between the methods' means."""
+    study = load_study()
+
+    def run(before: float, after: float, entropy: float) -> dict:
+        return {"before": {"mean_reward": before},
+                "after": {"mean_reward": after, "entropy": entropy, "truncated": 0.0}}  # fmt: skip
+
+    runs = {"clip": {0: run(0.1, 0.2, 1.0), 1: run(0.1, 0.4, 1.0)},
+            "band-kl": {1: run(0.1, 0.5, 2.0), 0: run(0.1, 0.3, 1.5)}}  # fmt: skip
+    rows = study.paired_table(runs).splitlines()
+    assert rows[2] == "| clip | 0.300 +- 0.141 | +0.200 +- 0.141 | - | 1.000 +- 0.000 | - | 0.000 +- 0.000 |"
+    # seed 0: +0.1, seed 1: +0.1 -> sd 0; unpaired the sd would be 0.2
+    assert rows[3] == (
+        "| band-kl | 0.400 +- 0.141 | +0.300 +- 0.141 | +0.100 +- 0.000 | 1.750 +- 0.354 | +0.750 +- 0.354 "
+        "| 0.000 +- 0.000 |"
+    )
+    runs["band-kl"][0]["after"]["mean_reward"] = 0.35
+    assert study.paired_table(runs).splitlines()[3] != rows[3]
