@@ -101,15 +101,17 @@ def _is_kernel_failure(err: BaseException) -> bool:
     * Triton's own errors (`_triton_error_types`): compilation, ptxas, resources, interpreter;
     * subprocess.CalledProcessError: the C compiler building Triton's launcher stub failed (e.g. no
       Python.h on the machine);
-    * RuntimeError or OSError raised inside the triton package: no active driver / backend, no C
-      compiler, no ptxas or libcuda, MLIR pass failures, CUDA launch errors.
+    * any other exception raised inside the triton package: RuntimeError or OSError (no active driver
+      / backend, no C compiler, no ptxas or libcuda, MLIR pass failures, CUDA launch errors) and the
+      KeyError, AssertionError or AttributeError of a backend that does not take an option or a type
+      (a backend's internals are not an API: what they raise is not ours to interpret).
     Never on torch.cuda.OutOfMemoryError (a RuntimeError: the torch path would need the memory too),
     nor on our ValueErrors or errors raised by torch or our launcher code outside Triton."""
     if isinstance(err, torch.cuda.OutOfMemoryError):
         return False
     if isinstance(err, _triton_error_types()) or isinstance(err, subprocess.CalledProcessError):
         return True
-    return isinstance(err, (RuntimeError, OSError)) and _raised_inside_triton(err)
+    return _raised_inside_triton(err)
 
 
 def _failure_message(err: BaseException, variant: tuple) -> str:

@@ -478,9 +478,15 @@ def test_kernel_failure_classification(monkeypatch):
     with pytest.raises(RuntimeError) as info:
         _create_driver()
     assert fallback._is_kernel_failure(info.value)
-    try:
-        raise RuntimeError("ours")
-    except RuntimeError as err:
-        assert not fallback._is_kernel_failure(err)
+    # a backend's internal lookup failing (a KeyError raised in triton.language: a type name it lacks)
+    # counts too; the same class raised by our code does not
+    with pytest.raises(KeyError) as lookup:
+        triton.language.str_to_ty("no-such-type", None)
+    assert fallback._is_kernel_failure(lookup.value)
+    for error in (RuntimeError("ours"), KeyError("ours"), AssertionError("ours")):
+        try:
+            raise error
+        except Exception as err:
+            assert not fallback._is_kernel_failure(err)
     assert not fallback._is_kernel_failure(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert not fallback._is_kernel_failure(ValueError("bad input"))
