@@ -26,10 +26,12 @@ def run_pairs(
 ) -> int:
     """`bash script OUT/METHOD/seedI FLAGS --train.seed seed0+I` for every (seed, method), seed by seed so
     that a stopped study still holds whole pairs; a run whose summary.json exists is skipped, one without is
-    started afresh (its folder removed first). `restore(method, seed, run_dir)` may put a finished run's
-    summary.json in place from elsewhere (True: done); `on_finished` is called after each run that wrote one.
-    A file OUT/STOP stops the study before its next run (it is removed; the run in progress finishes and
-    cleans up its cluster). 0 when every run finished, 1 if any failed (the others still run), 3 if stopped."""
+    started afresh (its folder removed first); a run that exits non-zero is failed even if it wrote a summary
+    (moved to summary.json.failed, so neither a resumed study nor load_runs takes it).
+    `restore(method, seed, run_dir)` may put a finished run's summary.json in place from elsewhere (True:
+    done); `on_finished` is called after each run that finished. A file OUT/STOP stops the study before its
+    next run (it is removed; the run in progress finishes and cleans up its cluster). 0 when every run
+    finished, 1 if any failed (the others still run), 3 if stopped."""
     failed = []
     for seed in range(seeds):
         for method, flags in methods.items():
@@ -47,6 +49,8 @@ def run_pairs(
             print(f"[study] {method} seed {seed}: {' '.join(args[3:])}", flush=True)
             proc = subprocess.run(args, env={**os.environ, **env})
             if proc.returncode != 0 or not (run_dir / "summary.json").exists():
+                if (run_dir / "summary.json").exists():  # written before the error: kept aside, never loaded
+                    (run_dir / "summary.json").replace(run_dir / "summary.json.failed")
                 failed.append((method, seed))
                 print(f"[study] FAILED: {method} seed {seed} (exit {proc.returncode}); see {run_dir}", flush=True)
             elif on_finished is not None:
