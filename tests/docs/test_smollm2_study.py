@@ -240,22 +240,33 @@ def test_the_page_shows_the_studys_results_from_the_ledger():
     for method, by_seed in runs.items():
         after = [by_seed[i]["after"]["mean_reward"] for i in sorted(by_seed)]
         assert summary["methods"][method]["mean_reward"]["after"] == after, method
+    flat = " ".join(PAGE.split())  # the page's prose, its line breaks as spaces
     clip = runs["clip"]
-    rise = statistics.fmean(clip[i]["after"]["mean_reward"] - clip[i]["before"]["mean_reward"] for i in clip)
-    spread = statistics.stdev(clip[i]["after"]["mean_reward"] for i in clip)
-    assert f"{rise / spread:.1f}x the seed spread of its final reward ({spread:.3f})" in PAGE
-    starts = sorted({s["before"]["mean_reward"] for by_seed in runs.values() for s in by_seed.values()})
-    quoted = ", ".join(f"{v:.3f}" for v in starts[:-1]) + f" and {starts[-1]:.3f} (sd {statistics.stdev(starts):.3f}"
-    assert quoted in PAGE, quoted
+    rises = [clip[i]["after"]["mean_reward"] - clip[i]["before"]["mean_reward"] for i in clip]
+    rise, spread = statistics.fmean(rises), statistics.stdev(clip[i]["after"]["mean_reward"] for i in clip)
+    assert f"rose {study.mean_sd(rises)} over the starting model" in flat
+    assert f"{rise / spread:.1f}x the seed spread of its final reward ({spread:.3f})" in flat
+    # the policy's exact entropy on the training rollouts, mean over the steps: band-kl minus clip per seed
+    steps_mean = {m: [statistics.fmean(runs[m][i]["metrics"]["train/entropy_loss"].values()) for i in range(3)]
+                  for m in ("clip", "band-kl")}  # fmt: skip
+    gaps = [f"{b - c:+.2f}" for b, c in zip(steps_mean["band-kl"], steps_mean["clip"])]
+    assert f"band-kl minus clip {gaps[0]}, {gaps[1]} and {gaps[2]} nats" in flat, gaps
+    # the starting model's evaluations: one per seed, and clip's seed 1 evaluated it again at the same seed
+    evaluations = sorted({(s["before"]["seed"], s["before"]["mean_reward"]) for m in runs.values() for s in m.values()})
+    assert [seed for seed, _ in evaluations] == [42, 43, 43, 44]
+    values = [f"{v:.3f}" for _, v in evaluations]
+    sd = statistics.stdev(v for _, v in evaluations)
+    assert f"scored {values[0]}, {values[1]} and {values[2]} (both at seed 43" in flat
+    assert f"and {values[3]}; sd {sd:.3f}" in flat
     below_001, below_01 = BINS[:1], BINS[:2]
     for method, name in (("clip", "clip"), ("clip-higher", "Clip-Higher"), ("band-kl", "band-kl")):
         counts = [first_step_counts(runs[method][i], below_001) for i in range(3)]
         tokens, clipped = sum(t for t, _ in counts), sum(c for _, c in counts)
-        assert f"{name} {clipped} of {tokens}" in PAGE or f"{name} clipped {clipped} of {tokens}" in PAGE, method
+        assert f"{name} {clipped} of {tokens}" in flat or f"{name} clipped {clipped} of {tokens}" in flat, method
         counts = [first_step_counts(runs[method][i], below_01) for i in range(3)]
-        assert f"{sum(c for _, c in counts)} of {sum(t for t, _ in counts)}" in PAGE, method
+        assert f"{sum(c for _, c in counts)} of {sum(t for t, _ in counts)}" in flat, method
     per_seed = [first_step_counts(runs["clip"][i], below_001)[1] for i in range(3)]
-    assert f"clip {per_seed[0]}, {per_seed[1]} and {per_seed[2]}" in PAGE
+    assert f"clip {per_seed[0]}, {per_seed[1]} and {per_seed[2]}" in flat
     assert all(first_step_counts(runs["band-kl"][i], below_001)[1] == 0 for i in range(3))
     readme = " ".join((ROOT / "README.md").read_text().split())
     band = [runs["band-kl"][i]["after"]["mean_reward"] - clip[i]["after"]["mean_reward"] for i in range(3)]
