@@ -293,3 +293,27 @@ def test_the_paired_table_pairs_by_seed_and_can_fail():
     )
     runs["band-kl"][0]["after"]["mean_reward"] = 0.35
     assert study.paired_table(runs).splitlines()[3] != rows[3]
+
+
+def test_the_24_step_pilot_on_the_page_is_its_committed_runs():
+    """The clip-only 24-step pilot: its runs were made with the study's settings but 24 steps, its summary.txt holds
+    their table, and the page quotes their rewards, the rise over the seed spread and seed 2's budget share."""
+    study = load_study()
+    pilot = RESULTS / "clip-24-steps"
+    runs = study.ledger_runs(pilot / "runs")
+    assert list(runs) == ["clip"] and sorted(runs["clip"]) == [0, 1, 2]
+    for seed, record in runs["clip"].items():
+        assert record["settings"] == study.expected_settings("clip", seed, 24), seed
+    assert study.paired_table(runs) in (pilot / "summary.txt").read_text()
+    flat = " ".join(PAGE.split())
+    clip = runs["clip"]
+    after = [f"{clip[i]['after']['mean_reward']:.3f}" for i in range(3)]
+    assert f"Held-out reward after 24 steps: {after[0]}, {after[1]} and {after[2]} on seeds 0, 1, 2" in flat
+    rises = [clip[i]["after"]["mean_reward"] - clip[i]["before"]["mean_reward"] for i in range(3)]
+    spread = statistics.stdev(clip[i]["after"]["mean_reward"] for i in range(3))
+    assert f"the rise {study.mean_sd(rises)}, {statistics.fmean(rises) / spread:.1f}x the seed spread of the final " \
+           f"reward ({spread:.3f})" in flat  # fmt: skip
+    assert f"ended with {clip[2]['after']['truncated']:.0%} of its held-out replies at the 24-token budget and " \
+           f"{clip[2]['after']['entropy']:.3f} nats" in flat  # fmt: skip
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"({statistics.fmean(rises) / spread:.1f}x in a 24-step pilot)" in readme
