@@ -214,23 +214,6 @@ def run(out: Path, seeds: int, methods: list[str], steps: int, ledger: Path | No
     return run_pairs(RUN_SH, out, seeds, chosen, {"SMOL_STEPS": str(steps)}, SEED0, restore, keep)
 
 
-def ledger_table(ledger: Path) -> str:
-    """The finished runs of the ledger as a Markdown table (docs/smollm2_study.md shows it while the study runs):
-    held-out reward, entropy and answer_found before -> after, and the run's seconds; method order, then seed."""
-    lines = ["| method | seed | reward | entropy (nats) | answer found | run s |", "|---|---|---|---|---|---|"]
-    for method in METHODS:
-        for record in sorted(ledger.glob(f"{method}-seed*.json"), key=lambda p: int(p.stem.rsplit("seed", 1)[1])):
-            s = json.loads(record.read_text())
-            cells = [f"{s['before'][k]:.3f} -> {s['after'][k]:.3f}" for k in ("mean_reward", "entropy", "answer_found")]
-            seed = record.stem.rsplit("seed", 1)[1]
-            lines.append(f"| {method} | {seed} | " + " | ".join(cells) + f" | {s['seconds']:.0f} |")
-    return "\n".join(lines) + "\n"
-
-
-def load(out: Path) -> dict[str, dict[int, dict]]:
-    return load_runs(out, list(METHODS))
-
-
 def ledger_runs(ledger: Path) -> dict[str, dict[int, dict]]:
     """The ledger's runs as load() gives out/'s: method -> seed -> summary."""
     runs: dict[str, dict[int, dict]] = {}
@@ -238,6 +221,21 @@ def ledger_runs(ledger: Path) -> dict[str, dict[int, dict]]:
         for record in ledger.glob(f"{method}-seed*.json"):
             runs.setdefault(method, {})[int(record.stem.rsplit("seed", 1)[1])] = json.loads(record.read_text())
     return runs
+
+
+def ledger_table(ledger: Path) -> str:
+    """The finished runs of the ledger as a Markdown table (docs/smollm2_study.md shows it while the study runs):
+    held-out reward, entropy and answer_found before -> after, and the run's seconds; method order, then seed."""
+    lines = ["| method | seed | reward | entropy (nats) | answer found | run s |", "|---|---|---|---|---|---|"]
+    for method, by_seed in ledger_runs(ledger).items():
+        for seed, s in sorted(by_seed.items()):
+            cells = [f"{s['before'][k]:.3f} -> {s['after'][k]:.3f}" for k in ("mean_reward", "entropy", "answer_found")]
+            lines.append(f"| {method} | {seed} | " + " | ".join(cells) + f" | {s['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def load(out: Path) -> dict[str, dict[int, dict]]:
+    return load_runs(out, list(METHODS))
 
 
 def paired_table(runs: dict[str, dict[int, dict]]) -> str:
