@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint learn-study smollm2-study test unit unit-cpu-paths e2e lint demo bench locks clean
+.PHONY: venv e2e-venv learn-checkpoint learn-checkpoint-rebuild learn-study smollm2-study test unit unit-cpu-paths e2e lint demo bench locks clean ci-no-bf16
 
 venv: $(STAMP)
 
@@ -59,11 +59,17 @@ $(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py $(PAT
 	$(E2E_VENV)/bin/openrlhf-band patch apply
 	touch $(E2E_STAMP)
 
-# The learning study's warm-up checkpoint (studies/learn/warmup.sh: OpenRLHF's own train_sft on the fork
-# task, about 5 min); rebuilt only when studies/learn/learn_task.py's TASK_VERSION changes.
+# The learning study's task and warm-up checkpoint in LEARN_DIR (studies/learn/warmup.sh): the task's files are
+# written here, the checkpoint is the committed one (studies/learn/checkpoint/, made by OpenRLHF's own train_sft
+# on the fork task: 5-17 min on 2 cores, which the suite no longer spends). learn-checkpoint-rebuild makes it again
+# with train_sft and commits nothing: its test compares the rebuilt checkpoint's held-out numbers with the committed
+# ones (tests/e2e/test_learn_checkpoint.py; docs/learn_study.md#the-task-the-checkpoint-the-runs).
 LEARN_DIR ?= $(E2E_VENV)/learn
 learn-checkpoint: $(E2E_STAMP)
 	bash studies/learn/warmup.sh $(LEARN_DIR)
+
+learn-checkpoint-rebuild: $(E2E_STAMP)
+	E2E_REBUILD_CHECKPOINT=1 $(PY) -m pytest -s tests/e2e/test_learn_checkpoint.py
 
 # The learning study (docs/learn_study.md): clip, Clip-Higher, band-kl, band-kl + floor 0.8, DPPO-TV,
 # 3 paired seeds x 20 steps through train_ppo_ray (studies/learn/learn.sh; about 45 min on 2 cores), then
@@ -114,9 +120,20 @@ unit-cpu-paths: $(STAMP)
 		TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-baseline $(UNIT_SUITE) || status=1; \
 	exit $$status
 
-# The real train_ppo_ray (vLLM CPU build, Ray, DeepSpeed) on a tiny model: tests/e2e/.
+# The real train_ppo_ray (vLLM CPU build, Ray, DeepSpeed) on a tiny model: tests/e2e/. Ends with the suite's
+# total and its five slowest runs against its budget (tests/e2e/conftest.py; docs/tests.md#timings).
 e2e: $(STAMP) $(E2E_STAMP)
 	$(PY) -m pytest tests/e2e
+
+# The whole of `bash .ci/run` as a CPU without native bf16 runs it, measured on one with it: oneDNN, ATen, MKL
+# and numpy capped at AVX2 (bf16 products emulated, as there) and the harness in float32 where a run pins no
+# dtype (studies/cpu_engine/cpu_dtype.py reads the caps). E2E_EMULATE_NO_BF16 keeps vLLM off its AMX GEMM,
+# which the capped oneDNN refuses (the shim's no_amx_gemm_when_emulating). Run it on a fresh clone to time a
+# cold CI (docs/tests.md#timings); its own inductor cache, as unit-cpu-paths (below) says why.
+ci-no-bf16:
+	env ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+		NPY_DISABLE_CPU_FEATURES="$(NPY_NO_AVX512)" E2E_EMULATE_NO_BF16=1 \
+		TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/out/inductor-no-bf16 bash .ci/run
 
 SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/patching/patches/regenerate.sh .ci/run studies/cpu_engine/*.sh studies/learn/*.sh studies/smollm2/*.sh requirements/lock.sh
 

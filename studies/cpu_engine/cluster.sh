@@ -54,9 +54,12 @@ cleanup() {
   if [[ -n "$pids" ]]; then
     # shellcheck disable=SC2086  # a list of pids
     kill -TERM $pids 2>/dev/null || true
+    # Two seconds' grace: Ray's gcs_server and a Python daemon beside it outlive SIGTERM for 10 s or more
+    # (seen: every run of the suite waited the whole grace period for them, 10 s a run), while the
+    # trainer's and vLLM's processes have left by then.
     for _ in $(seq 1 20); do
       [[ -z "$(run_pids)" ]] && break
-      sleep 0.5
+      sleep 0.1
     done
     # What is left is killed, and waited for: a process only leaves /proc once it has died, and a
     # loaded machine (seen: two cores, another test suite beside this one) takes a while to get there;
@@ -84,7 +87,13 @@ e2e_exports() {
   : > "$E2E_ENTROPY_LOG"
   : > "$E2E_FUSED_LOG"
   export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions"  # DeepSpeed's CPU ops, compiled on first use
-  export E2E_PARAM_DTYPE="${E2E_PARAM_DTYPE:-bf16}"  # every process of the run reads it (the shim)
+  # every process of the run reads it (the shim): the caller's, else bf16 where the CPU has native bf16 and
+  # float32 where it would emulate it (studies/cpu_engine/cpu_dtype.py; docs/e2e_cpu.md#dtype)
+  if [[ -z "${E2E_PARAM_DTYPE:-}" ]]; then
+    E2E_PARAM_DTYPE="$("$PY" "$ROOT/studies/cpu_engine/cpu_dtype.py" 2>> "$OUT_DIR/setup.log")"
+  fi
+  export E2E_PARAM_DTYPE
+  stage "dtype: $E2E_PARAM_DTYPE"
   export GLOO_SOCKET_IFNAME=lo VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
   export RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
   export PATH="$VENV/bin:$PATH"

@@ -14,10 +14,10 @@
 #
 # Environment: E2E_TIMEOUT_S (default 900) bounds the training run; E2E_ASSETS (default
 # .venv-e2e/assets) holds the generated model and data; E2E_SYNC_NEGATIVE_CONTROL=1 makes vLLM
-# receive but not load the weights (the sync check's negative control); E2E_PARAM_DTYPE=float32 trains and
-# samples in float32 (the shim's float32_on_cpu: OpenRLHF allows bf16 / fp16 only, and bf16 on a CPU without
-# native bf16 costs a real model ~15x; the real-model runs set it, the tiny model's stay bf16); E2E_GRAD_CKPT=0
-# turns gradient checkpointing off.
+# receive but not load the weights (the sync check's negative control); E2E_PARAM_DTYPE (bf16 or float32)
+# is the dtype the run trains and samples in, by default bf16 where the CPU has native bf16 and float32 where it
+# would emulate it (studies/cpu_engine/cpu_dtype.py; float32 through the shim's float32_on_cpu: OpenRLHF allows
+# bf16 / fp16 only; the real-model runs always set float32); E2E_GRAD_CKPT=0 turns gradient checkpointing off.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -4,6 +4,7 @@ studies/learn/learn.sh records before and after training, and warmup.sh for the 
     python studies/learn/learn_eval.py eval --task DIR --model MODEL_DIR --out FILE.json [--samples 16] [--seed 0]
     python studies/learn/learn_eval.py summary --task DIR --run OUT_DIR --seconds S   (learn.sh, after the run)
     python studies/learn/learn_eval.py watch --run-id ID --out FILE.json              (learn.sh, during it)
+    python studies/learn/learn_eval.py record --task DIR --to studies/learn/checkpoint  (commit a rebuilt checkpoint)
 
 - mean_reward: the exact-match rate of replies sampled at temperature 1 (top_p 1, no top_k), `samples`
   per held-out prompt, scored by the task's own reward file; also on hard and medium prompts.
@@ -210,6 +211,35 @@ def watch(run_id: str, out: Path, interval_s: float = 1.0) -> None:
         time.sleep(interval_s)
 
 
+RECORD_COMMAND = "LEARN_REBUILD=1 bash studies/learn/warmup.sh DIR (train_sft on DIR/sft.jsonl, then the held-out eval)"
+
+
+def record(task: Path, to: Path) -> dict:
+    """Copy the checkpoint warmup.sh made in `task` (LEARN_REBUILD=1: train_sft's) to `to`, the committed
+    folder, with MADE.json: the command, the task version, the sha256 of every file, the held-out numbers
+    (task/checkpoint_eval.json) and the CPU flags that decide its bf16 arithmetic."""
+    import hashlib
+    import shutil
+
+    from learn_task import TASK_VERSION
+
+    if (task / "VERSION").read_text().strip() != TASK_VERSION:
+        raise SystemExit(f"{task} is not a finished warm-up of task version {TASK_VERSION}")
+    shutil.rmtree(to, ignore_errors=True)
+    shutil.copytree(task / "checkpoint", to)
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), [])  # fmt: skip
+    made = {
+        "command": RECORD_COMMAND,
+        "task_version": TASK_VERSION,
+        "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(to.iterdir()) if f.is_file()},
+        "heldout": json.loads((task / "checkpoint_eval.json").read_text()),
+        "cpu_bf16_flags": sorted(set(flags) & {"avx512_bf16", "amx_bf16", "avx512f", "avx2"}),
+    }
+    (to / "MADE.json").write_text(json.dumps(made, indent=1) + "\n")
+    return made
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -226,9 +256,15 @@ def main() -> int:
     watcher = sub.add_parser("watch", help="peak memory of a run's processes")
     watcher.add_argument("--run-id", required=True)
     watcher.add_argument("--out", type=Path, required=True)
+    recorder = sub.add_parser("record", help="commit a rebuilt warm-up checkpoint with its record (MADE.json)")
+    recorder.add_argument("--task", type=Path, required=True, help="warmup.sh's DIR, made with LEARN_REBUILD=1")
+    recorder.add_argument("--to", type=Path, required=True, help="the committed folder: studies/learn/checkpoint")
     args = parser.parse_args()
     if args.command == "watch":
         watch(args.run_id, args.out)
+        return 0
+    if args.command == "record":
+        print(json.dumps(record(args.task, args.to)["heldout"]))
         return 0
     if args.samples < 8:
         parser.error("--samples must be at least 8")

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The learning study's warm-up checkpoint, made by OpenRLHF itself: the real
+# The learning study's task and its warm-up checkpoint, made by OpenRLHF itself: the real
 # `python -m openrlhf.cli.train_sft` (DeepSpeed over gloo, one rank, through the test-only CPU shim)
 # fits the noisy fork-task data of studies/learn/learn_task.py into a tiny random Qwen2.
 #
-#   bash studies/learn/warmup.sh DIR      (make learn-checkpoint: DIR = .venv-e2e/learn)
+#   bash studies/learn/warmup.sh DIR                  (make learn-checkpoint: DIR = .venv-e2e/learn)
+#   LEARN_REBUILD=1 bash studies/learn/warmup.sh DIR  (train_sft makes the checkpoint again: 5-17 min on 2 cores)
 #
 # Writes DIR/base (the random model and the tokenizer), DIR/{sft,train,heldout}.jsonl, DIR/reward.py,
-# DIR/checkpoint (the Hugging Face model train_sft saves), DIR/sft.log, DIR/checkpoint_eval.json (the
-# checkpoint's own held-out numbers) and, last, DIR/VERSION: a DIR whose VERSION equals
-# learn_task.TASK_VERSION is complete and is reused. Deterministic: fixed seeds, one rank.
+# DIR/checkpoint (the Hugging Face model), DIR/checkpoint_eval.json (the checkpoint's own held-out
+# numbers) and, last, DIR/VERSION: a DIR whose VERSION equals learn_task.TASK_VERSION is complete and is
+# reused. The checkpoint is the committed one (studies/learn/checkpoint/, with its record MADE.json: what
+# made it and its held-out numbers) when it is of the current task version; with LEARN_REBUILD=1, or when
+# the task changed, train_sft makes it here (DIR/sft.log). Deterministic: fixed seeds, one rank.
+# `python studies/learn/learn_eval.py record --task DIR --to studies/learn/checkpoint` commits a rebuilt one.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -17,7 +21,12 @@ VENV="$ROOT/.venv-e2e"
 PY="$VENV/bin/python"
 VERSION="$(sed -n 's/^TASK_VERSION = "\(.*\)"$/\1/p' "$ROOT/studies/learn/learn_task.py")"
 
-if [[ "$(cat "$DIR/VERSION" 2>/dev/null)" == "$VERSION" ]]; then
+COMMITTED="$ROOT/studies/learn/checkpoint"
+COMMITTED_VERSION="$(sed -n 's/^ "task_version": "\(.*\)",$/\1/p' "$COMMITTED/MADE.json" 2>/dev/null || true)"
+# a finished DIR is reused when it holds the checkpoint this call would make: the committed one, or (no
+# committed one of this task version) train_sft's
+if [[ "${LEARN_REBUILD:-0}" != 1 && "$(cat "$DIR/VERSION" 2>/dev/null)" == "$VERSION" ]] \
+    && { [[ "$COMMITTED_VERSION" != "$VERSION" ]] || cmp -s "$DIR/checkpoint/model.safetensors" "$COMMITTED/model.safetensors"; }; then
   echo "[warmup] $DIR is current (task version $VERSION)" >&2
   exit 0
 fi
@@ -26,6 +35,16 @@ mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 echo "[warmup] task, tokenizer and random model in $DIR" >&2
 "$PY" "$ROOT/studies/learn/learn_task.py" "$DIR" > "$DIR/task.log" 2>&1 || { cat "$DIR/task.log" >&2; exit 1; }
+
+if [[ "${LEARN_REBUILD:-0}" != 1 && "$COMMITTED_VERSION" == "$VERSION" ]]; then
+  echo "[warmup] the committed checkpoint ($COMMITTED, task version $VERSION; LEARN_REBUILD=1 makes it again)" >&2
+  mkdir -p "$DIR/checkpoint"
+  find "$COMMITTED" -maxdepth 1 -type f ! -name MADE.json -exec cp {} "$DIR/checkpoint/" \;
+  "$PY" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["heldout"], indent=2))' \
+    "$COMMITTED/MADE.json" > "$DIR/checkpoint_eval.json"
+  echo "$VERSION" > "$DIR/VERSION"
+  exit 0
+fi
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 

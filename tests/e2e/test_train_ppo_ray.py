@@ -3,7 +3,7 @@ training, weights back to vLLM after every step, through studies/cpu_engine/trai
 
 Each run costs about a minute, so runs are shared between the tests that read them (session-scoped
 fixtures) and combine what they can: the chi2 run also carries the clipping and weight-sync checks,
-the kl run dual-clip and the vLLM IS correction, the DCPO pair the checkpoint resume.
+the kl run dual-clip and the vLLM IS correction, the controller's pair the checkpoint resume.
 """
 
 from __future__ import annotations
@@ -94,9 +94,27 @@ def e2e_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("e2e")
 
 
+# The dtype a run trains and samples in when it does not pin one: bf16 where the CPU has native bf16, float32
+# where it would emulate it (studies/cpu_engine/cpu_dtype.py, the harness's default; docs/e2e_cpu.md#dtype)
+HARNESS_DTYPE = subprocess.run(
+    [str(ROOT / ".venv-e2e" / "bin" / "python"), str(ROOT / "studies" / "cpu_engine" / "cpu_dtype.py")],
+    capture_output=True, text=True,
+).stdout.strip() if (ROOT / ".venv-e2e" / "bin" / "python").exists() else None  # fmt: skip
+TORCH_DTYPE = {"bf16": "torch.bfloat16", "float32": "torch.float32"}
+
+
+def engine_dtype(run: Run) -> str:
+    """The dtype vLLM's engine ran in, from its config line in the run's log."""
+    found = set(re.findall(r"Initializing a V1 LLM engine .*?dtype=(torch\.\w+)", run.log))
+    assert len(found) == 1, found
+    return found.pop()
+
+
 @pytest.fixture(scope="session")
 def chi2_run(e2e_root) -> Run:
-    return trained(e2e_root / "chi2", "--loss", "band", "--band_divergence", "chi2")
+    """The README's command, in bf16 on every CPU: the recipe's dtype stays covered end to end where the
+    other runs take float32 (a CPU without native bf16)."""
+    return trained(e2e_root / "chi2", "--loss", "band", "--band_divergence", "chi2", env={"E2E_PARAM_DTYPE": "bf16"})
 
 
 @pytest.fixture(scope="session")
@@ -121,18 +139,10 @@ DCPO_ARGS = ("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_lo
 
 
 @pytest.fixture(scope="session")
-def dcpo_saved(e2e_root) -> Run:
-    """One step (4 prompts), checkpoint saved at step 1."""
-    return trained(e2e_root / "dcpo-save", *DCPO_ARGS, "--data.max_samples", "4", "--ckpt.save_steps", "1")
-
-
-@pytest.fixture(scope="session")
-def dcpo_resumed(e2e_root, dcpo_saved) -> Run:
-    """The same run resumed from its step-1 checkpoint with a second episode: one more step."""
-    return trained(
-        e2e_root / "dcpo-resume", *DCPO_ARGS, "--data.max_samples", "4", "--train.num_episodes", "2",
-        "--ckpt.path", str(dcpo_saved.out / "ckpt"), "--ckpt.load_enable",
-    )  # fmt: skip
+def dcpo_run(e2e_root) -> Run:
+    """One step (4 prompts). (The checkpoint resume is checked on the controller's pair, whose saved state
+    also tells whether the band's own state came back: one pair of runs for both.)"""
+    return trained(e2e_root / "dcpo", *DCPO_ARGS, "--data.max_samples", "4")
 
 
 @pytest.fixture(scope="session")
@@ -169,6 +179,14 @@ def check_band_metrics(run: Run, steps: list[int], upper_cap: float = UPPER_CAP)
 def test_band_chi2_with_the_users_spelling_trains(chi2_run):
     assert "divergence='chi2'" in resolved_band(chi2_run) and "rule='trust_region'" in resolved_band(chi2_run)
     check_band_metrics(chi2_run, list(range(1, STEPS + 1)))
+    assert "[e2e] dtype: bf16" in chi2_run.stderr and engine_dtype(chi2_run) == "torch.bfloat16"
+
+
+def test_runs_that_pin_no_dtype_take_the_cpus(kl_run):
+    """bf16 where the CPU has native bf16, else float32, in the trainer's config and in vLLM's engine."""
+    assert HARNESS_DTYPE in TORCH_DTYPE, HARNESS_DTYPE
+    assert f"[e2e] dtype: {HARNESS_DTYPE}" in kl_run.stderr
+    assert engine_dtype(kl_run) == TORCH_DTYPE[HARNESS_DTYPE]
 
 
 def test_the_band_clips_for_real_and_ppo_clip_ratio_is_its_two_sides(chi2_run):
@@ -233,23 +251,24 @@ def test_the_sync_check_fails_when_vllm_does_not_load_the_weights(unsynced_run):
     assert len(problems) == 2 and all("holds other values" in p for p in problems), problems
 
 
-def test_checkpoint_resume_continues_the_step_counter_and_the_weights(dcpo_saved, dcpo_resumed):
-    assert (dcpo_saved.out / "ckpt" / "_actor" / "global_step1").is_dir()
-    for run in (dcpo_saved, dcpo_resumed):
-        assert "rule='dcpo'" in resolved_band(run)
-    assert sorted(dcpo_saved.scalars()["train/band/clip_frac_upper"]) == [1]
-    check_band_metrics(dcpo_resumed, [2])  # the resumed run logs step 2, not step 1 again
-    assert "Loading the checkpoint" in dcpo_resumed.log
+def test_checkpoint_resume_continues_the_step_counter_and_the_weights(controller_saved, controller_resumed):
+    assert (controller_saved.out / "ckpt" / "_actor" / "global_step1").is_dir()
+    for run in (controller_saved, controller_resumed):
+        assert "adaptive='entropy'" in resolved_band(run)
+    assert sorted(controller_saved.scalars()["train/band/clip_frac_upper"]) == [1]
+    check_band_metrics(controller_resumed, [2])  # the resumed run logs step 2, not step 1 again
+    assert "Loading the checkpoint" in controller_resumed.log
     # on resume OpenRLHF syncs the loaded weights to vLLM before its first rollout: they are the
     # weights the first run had after its step 1
-    saved = [r["trainer"] for r in dcpo_saved.syncs() if r["side"] == "trainer"][-1]
-    loaded = [r["trainer"] for r in dcpo_resumed.syncs() if r["side"] == "trainer"][0]
+    saved = [r["trainer"] for r in controller_saved.syncs() if r["side"] == "trainer"][-1]
+    loaded = [r["trainer"] for r in controller_resumed.syncs() if r["side"] == "trainer"][0]
     assert loaded == saved
-    assert sync_problems(dcpo_resumed) == []
+    assert sync_problems(controller_resumed) == []
 
 
-def test_dcpo_bounds_through_the_real_engine(dcpo_saved):
-    band = check_band_metrics(dcpo_saved, [1])
+def test_dcpo_bounds_through_the_real_engine(dcpo_run):
+    assert "rule='dcpo'" in resolved_band(dcpo_run)
+    band = check_band_metrics(dcpo_run, [1])
     # DCPO's bounds are wider than the fixed clip's for rare tokens, never narrower
     assert band["train/band/lower_mean"][1] <= 1 - 0.16 + 1e-6 and band["train/band/upper_mean"][1] >= 1.2 - 1e-6
 
@@ -290,7 +309,7 @@ def test_an_interrupted_run_stops_the_cluster_and_every_process(e2e_root, chi2_r
 
 
 def test_no_process_of_any_run_is_left(
-    chi2_run, kl_run, ppo_run, dcpo_resumed, unsynced_run, learning_run, gym_run, code_run, two_node_run
+    chi2_run, kl_run, ppo_run, dcpo_run, controller_resumed, unsynced_run, learning_run, gym_run, code_run, two_node_run
 ):
     assert run_processes("E2E_RUN_ID=e2e-") == []
     assert run_processes("E2E_RUN_ID=learn-") == []  # learn.sh's runs

@@ -304,6 +304,15 @@ def _float32_on_cpu(module) -> None:
         module.vllm = proxy
 
 
+def _no_amx_gemm_when_emulating(module) -> None:
+    """Measurement only, with E2E_EMULATE_NO_BF16=1 (`make ci-no-bf16`, docs/tests.md#timings): the suite's
+    time on a CPU without native bf16 is measured on one with it, by capping oneDNN, ATen and MKL at AVX2.
+    vLLM picks its AMX GEMM (sgl-kernel's weight_packed_linear) from the CPU's own flags, which the caps do
+    not hide, and the capped oneDNN then aborts the engine ("BFloat16 Brgemm VNNI format is only supported
+    ... when `amx` is supported"); a CPU without AMX never takes that path, and neither does vLLM here."""
+    module.check_cpu_sgl_kernel = lambda n, k, dtype: False
+
+
 # module -> [(patch name, function)]; the reasons are the functions' docstrings
 PATCHES = {
     "openrlhf.trainer.ray.ppo_actor": [
@@ -327,10 +336,13 @@ PATCHES = {
     "openrlhf.trainer.ray.vllm_worker_wrap": [("cpu_weight_reload", _cpu_weight_reload)],
     "openrlhf_band.integration.policy_loss": [("entropy_probe", _record_loss_entropy)],
     "openrlhf.models.loss": [("clip_bins_probe", _record_clip_bins)],
+    "vllm.model_executor.layers.utils": [("no_amx_gemm_when_emulating", _no_amx_gemm_when_emulating)],
 }
 SKIPPED = set(filter(None, os.environ.get("E2E_SHIM_SKIP", "").split(",")))  # to show a patch is needed
 if os.environ.get("E2E_PARAM_DTYPE", "bf16") != "float32":
     SKIPPED.add("float32_on_cpu")
+if os.environ.get("E2E_EMULATE_NO_BF16") != "1":
+    SKIPPED.add("no_amx_gemm_when_emulating")
 
 
 class _PatchAfterImport(MetaPathFinder):

@@ -1,0 +1,64 @@
+"""The end-to-end suite's own clock: how long each run (a session fixture) took to set up, and the suite's
+total, printed at the end of `make e2e` / `make test` and written to out/tests/e2e-timings.json.
+
+The budget (docs/tests.md#timings): a cold `make test` within 40 minutes on 2 cores, with or without
+native bf16, of which the end-to-end suite takes at most E2E_BUDGET_S. Over it the summary says so; it
+does not fail the suite (times on a shared machine measure its neighbours too: a benchmark, not a test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+E2E_BUDGET_S = 25 * 60
+TIMINGS = ROOT / "out" / "tests" / "e2e-timings.json"
+
+_started = time.monotonic()
+_fixture_seconds: dict[str, float] = {}
+_test_seconds: dict[str, float] = {}  # each test's own call, its fixtures' setup apart
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _test_seconds[report.nodeid.split("::", 1)[-1]] = report.duration
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    start = time.monotonic()
+    yield
+    if fixturedef.scope in ("session", "module"):
+        name = fixturedef.argname
+        _fixture_seconds[name] = _fixture_seconds.get(name, 0.0) + time.monotonic() - start
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _test_seconds:  # --collect-only, or nothing selected
+        return
+    total = time.monotonic() - _started
+    slowest = sorted(_fixture_seconds.items(), key=lambda item: -item[1])
+    # a fixture's setup includes the setups of the fixtures it requests (dcpo's pair, say) that ran first
+    terminalreporter.section("end-to-end time")
+    verdict = "within" if total <= E2E_BUDGET_S else "OVER"
+    terminalreporter.write_line(
+        f"total {total / 60:.1f} min, {verdict} the budget of {E2E_BUDGET_S / 60:.0f} min (docs/tests.md#timings); "
+        f"E2E_PARAM_DTYPE default here: {os.environ.get('E2E_PARAM_DTYPE') or 'from the CPU'}"
+    )
+    terminalreporter.write_line("slowest runs (fixture setup, seconds):")
+    for name, seconds in slowest[:5]:
+        terminalreporter.write_line(f"  {seconds:7.1f}  {name}")
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "total_s": round(total, 1),
+        "budget_s": E2E_BUDGET_S,
+        "exit_status": int(exitstatus),
+        "fixtures_s": {name: round(s, 1) for name, s in slowest},
+        "tests_call_s": {name: round(s, 1) for name, s in _test_seconds.items()},
+    }
+    TIMINGS.write_text(json.dumps(record, indent=1) + "\n")
