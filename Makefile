@@ -68,7 +68,7 @@ LEARN_DIR ?= $(E2E_VENV)/learn
 learn-checkpoint: $(E2E_STAMP)
 	bash studies/learn/warmup.sh $(LEARN_DIR)
 
-learn-checkpoint-rebuild: $(E2E_STAMP)
+learn-checkpoint-rebuild: $(STAMP) $(E2E_STAMP)
 	E2E_REBUILD_CHECKPOINT=1 $(PY) -m pytest -s tests/e2e/test_learn_checkpoint.py
 
 # The learning study (docs/learn_study.md): clip, Clip-Higher, band-kl, band-kl + floor 0.8, DPPO-TV,
@@ -127,8 +127,8 @@ e2e: $(STAMP) $(E2E_STAMP)
 
 # The whole of `bash .ci/run` as a CPU without native bf16 runs it, measured on one with it: oneDNN, ATen, MKL
 # and numpy capped at AVX2 (bf16 products emulated, as there) and the harness in float32 where a run pins no
-# dtype (studies/cpu_engine/cpu_dtype.py reads the caps). E2E_EMULATE_NO_BF16 keeps vLLM off its AMX GEMM,
-# which the capped oneDNN refuses (the shim's no_amx_gemm_when_emulating). Run it on a fresh clone to time a
+# dtype (studies/cpu_engine/cpu_dtype.py reads the caps). E2E_EMULATE_NO_BF16 makes vLLM see an AVX2 CPU too
+# (the shim's avx2_cpu_when_emulating: it reads the CPU's features itself, and its AMX paths fail under the caps). Run it on a fresh clone to time a
 # cold CI (docs/tests.md#timings); its own inductor cache, as unit-cpu-paths (below) says why.
 ci-no-bf16:
 	env ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \

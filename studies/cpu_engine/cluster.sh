@@ -90,7 +90,8 @@ e2e_exports() {
   # every process of the run reads it (the shim): the caller's, else bf16 where the CPU has native bf16 and
   # float32 where it would emulate it (studies/cpu_engine/cpu_dtype.py; docs/e2e_cpu.md#dtype)
   if [[ -z "${E2E_PARAM_DTYPE:-}" ]]; then
-    E2E_PARAM_DTYPE="$("$PY" "$ROOT/studies/cpu_engine/cpu_dtype.py" 2>> "$OUT_DIR/setup.log")"
+    E2E_PARAM_DTYPE="$("$PY" "$ROOT/studies/cpu_engine/cpu_dtype.py" 2>> "$OUT_DIR/setup.log")" \
+      || fail environment 1 "$OUT_DIR/setup.log"
   fi
   export E2E_PARAM_DTYPE
   stage "dtype: $E2E_PARAM_DTYPE"

@@ -225,6 +225,8 @@ def record(task: Path, to: Path) -> dict:
 
     if (task / "VERSION").read_text().strip() != TASK_VERSION:
         raise SystemExit(f"{task} is not a finished warm-up of task version {TASK_VERSION}")
+    if not (task / "sft.log").exists():
+        raise SystemExit(f"{task} holds a copy of the committed checkpoint: make one with LEARN_REBUILD=1 first")
     shutil.rmtree(to, ignore_errors=True)
     shutil.copytree(task / "checkpoint", to)
     flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()

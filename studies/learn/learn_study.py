@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -51,7 +52,10 @@ FINAL_KEYS = ("mean_reward", "p_correct", "p_fork_hard", "entropy")
 
 def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
     chosen = {method: METHODS[method] for method in methods}
-    return run_pairs(LEARN_SH, out, seeds, chosen, {"LEARN_STEPS": str(steps)}, SEED0)
+    # bf16 on every CPU, as the committed study ran (the harness would take float32 on a CPU without native bf16:
+    # docs/e2e_cpu.md#dtype); E2E_PARAM_DTYPE set by the caller wins
+    env = {"LEARN_STEPS": str(steps), "E2E_PARAM_DTYPE": os.environ.get("E2E_PARAM_DTYPE") or "bf16"}
+    return run_pairs(LEARN_SH, out, seeds, chosen, env, SEED0)
 
 
 def load(out: Path) -> dict[str, dict[int, dict]]:

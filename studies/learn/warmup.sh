@@ -22,7 +22,10 @@ PY="$VENV/bin/python"
 VERSION="$(sed -n 's/^TASK_VERSION = "\(.*\)"$/\1/p' "$ROOT/studies/learn/learn_task.py")"
 
 COMMITTED="$ROOT/studies/learn/checkpoint"
-COMMITTED_VERSION="$(sed -n 's/^ "task_version": "\(.*\)",$/\1/p' "$COMMITTED/MADE.json" 2>/dev/null || true)"
+COMMITTED_VERSION=""
+if [[ -f "$COMMITTED/MADE.json" ]]; then
+  COMMITTED_VERSION="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["task_version"])' "$COMMITTED/MADE.json")"
+fi
 # a finished DIR is reused when it holds the checkpoint this call would make: the committed one, or (no
 # committed one of this task version) train_sft's
 if [[ "${LEARN_REBUILD:-0}" != 1 && "$(cat "$DIR/VERSION" 2>/dev/null)" == "$VERSION" ]] \
@@ -39,9 +42,11 @@ echo "[warmup] task, tokenizer and random model in $DIR" >&2
 if [[ "${LEARN_REBUILD:-0}" != 1 && "$COMMITTED_VERSION" == "$VERSION" ]]; then
   echo "[warmup] the committed checkpoint ($COMMITTED, task version $VERSION; LEARN_REBUILD=1 makes it again)" >&2
   mkdir -p "$DIR/checkpoint"
-  find "$COMMITTED" -maxdepth 1 -type f ! -name MADE.json -exec cp {} "$DIR/checkpoint/" \;
-  "$PY" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["heldout"], indent=2))' \
-    "$COMMITTED/MADE.json" > "$DIR/checkpoint_eval.json"
+  find "$COMMITTED" -maxdepth 1 -type f ! -name MADE.json -exec cp -t "$DIR/checkpoint/" {} +
+  # The held-out numbers again, on this machine: learn.sh's `before`, which the negative control holds its
+  # `after` to at 1e-6 (both computed here; MADE.json's are the machine's that made the checkpoint)
+  echo "[warmup] the checkpoint's held-out numbers on this machine" >&2
+  "$PY" "$ROOT/studies/learn/learn_eval.py" eval --task "$DIR" --model "$DIR/checkpoint" --out "$DIR/checkpoint_eval.json" >&2
   echo "$VERSION" > "$DIR/VERSION"
   exit 0
 fi

@@ -43,12 +43,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     total = time.monotonic() - _started
     slowest = sorted(_fixture_seconds.items(), key=lambda item: -item[1])
-    # a fixture's setup includes the setups of the fixtures it requests (dcpo's pair, say) that ran first
+    # a fixture's own setup: pytest sets up the fixtures it requests (the controller's saved run for the resumed
+    # one, say) before this hook, and times them apart
     terminalreporter.section("end-to-end time")
     verdict = "within" if total <= E2E_BUDGET_S else "OVER"
     terminalreporter.write_line(
         f"total {total / 60:.1f} min, {verdict} the budget of {E2E_BUDGET_S / 60:.0f} min (docs/tests.md#timings); "
-        f"E2E_PARAM_DTYPE default here: {os.environ.get('E2E_PARAM_DTYPE') or 'from the CPU'}"
+        f"dtype where a run pins none: {os.environ.get('E2E_PARAM_DTYPE') or 'from the CPU'}"
     )
     terminalreporter.write_line("slowest runs (fixture setup, seconds):")
     for name, seconds in slowest[:5]:

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,12 +95,12 @@ def e2e_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("e2e")
 
 
-# The dtype a run trains and samples in when it does not pin one: bf16 where the CPU has native bf16, float32
-# where it would emulate it (studies/cpu_engine/cpu_dtype.py, the harness's default; docs/e2e_cpu.md#dtype)
-HARNESS_DTYPE = subprocess.run(
-    [str(ROOT / ".venv-e2e" / "bin" / "python"), str(ROOT / "studies" / "cpu_engine" / "cpu_dtype.py")],
-    capture_output=True, text=True,
-).stdout.strip() if (ROOT / ".venv-e2e" / "bin" / "python").exists() else None  # fmt: skip
+# The dtype a run trains and samples in when it does not pin one: the caller's E2E_PARAM_DTYPE, else bf16 where
+# the CPU has native bf16 and float32 where it would emulate it (studies/cpu_engine/cpu_dtype.py, the harness's
+# default; docs/e2e_cpu.md#dtype)
+HARNESS_DTYPE = os.environ.get("E2E_PARAM_DTYPE") or subprocess.run(
+    [sys.executable, str(ROOT / "studies" / "cpu_engine" / "cpu_dtype.py")], capture_output=True, text=True, check=True
+).stdout.strip()
 TORCH_DTYPE = {"bf16": "torch.bfloat16", "float32": "torch.float32"}
 
 
@@ -183,7 +184,8 @@ def test_band_chi2_with_the_users_spelling_trains(chi2_run):
 
 
 def test_runs_that_pin_no_dtype_take_the_cpus(kl_run):
-    """bf16 where the CPU has native bf16, else float32, in the trainer's config and in vLLM's engine."""
+    """bf16 where the CPU has native bf16, else float32: the harness's choice, and vLLM's engine ran in it (the
+    trainer's side is the shim's float32_on_cpu, on exactly when the harness chose float32)."""
     assert HARNESS_DTYPE in TORCH_DTYPE, HARNESS_DTYPE
     assert f"[e2e] dtype: {HARNESS_DTYPE}" in kl_run.stderr
     assert engine_dtype(kl_run) == TORCH_DTYPE[HARNESS_DTYPE]

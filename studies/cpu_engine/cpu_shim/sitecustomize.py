@@ -5,7 +5,9 @@ Loaded by Python at start-up (`sitecustomize`) in every process of an end-to-end
 (DeepSpeed actor and reference, the vLLM rollout actor) and vLLM's engine-core process. It patches
 OpenRLHF modules in memory right after they are imported; no file on disk changes, and nothing of it
 is in `openrlhf_band`. Each patch is one entry of PATCHES with the reason it exists; each is shown to
-be needed by tests/e2e/test_cpu_shim.py (the unpatched call fails on this machine).
+be needed by tests/e2e/test_cpu_shim.py (the unpatched call fails on this machine), except the probes
+below and `avx2_cpu_when_emulating`, inert unless the suite is measured as a CPU without native bf16
+(its docstring says why it is needed there).
 
 Also here, and named as what it is, a probe (not a patch): after every DeepSpeed -> vLLM weight sync
 it appends digests of the trainer's and the engine's weights to $E2E_SYNC_LOG, and with
@@ -267,7 +269,8 @@ def _record_clip_bins(module) -> None:
 
 
 def _float32_on_cpu(module) -> None:
-    """Only with E2E_PARAM_DTYPE=float32 (the real-model runs). OpenRLHF 0.11.2 trains and samples in
+    """Only with E2E_PARAM_DTYPE=float32: the real-model runs, and every run that pins no dtype on a CPU
+    without native bf16 (studies/cpu_engine/cpu_dtype.py, docs/e2e_cpu.md#dtype). OpenRLHF 0.11.2 trains and samples in
     bf16 or fp16 only: `--ds.param_dtype` accepts those two, and vLLM's dtype is fixed to bfloat16.
     A CPU without native bf16 (no AVX512_BF16 / AMX) emulates it: a forward + backward of SmolLM2-135M
     costs ~15x float32's there (217-226 s against 14-15 s, 8 x 128 tokens, measured while planning, not
@@ -275,7 +278,7 @@ def _float32_on_cpu(module) -> None:
     faster (0.51x, studies/smollm2/results/dtype_cost.json). The study spans sessions on both kinds, so
     its runs use the dtype that is usable, and the same, on every CPU: the model's weights
     (convert_to_torch_dtype), DeepSpeed's config (bf16 off: float32) and vLLM's engine all go to float32.
-    The tiny model's runs stay bf16."""
+    The tiny model's runs take it only where the CPU would emulate bf16."""
     import torch
 
     if module.__name__ == "openrlhf.utils.utils":
@@ -304,13 +307,21 @@ def _float32_on_cpu(module) -> None:
         module.vllm = proxy
 
 
-def _no_amx_gemm_when_emulating(module) -> None:
+def _avx2_cpu_when_emulating(module) -> None:
     """Measurement only, with E2E_EMULATE_NO_BF16=1 (`make ci-no-bf16`, docs/tests.md#timings): the suite's
     time on a CPU without native bf16 is measured on one with it, by capping oneDNN, ATen and MKL at AVX2.
-    vLLM picks its AMX GEMM (sgl-kernel's weight_packed_linear) from the CPU's own flags, which the caps do
-    not hide, and the capped oneDNN then aborts the engine ("BFloat16 Brgemm VNNI format is only supported
-    ... when `amx` is supported"); a CPU without AMX never takes that path, and neither does vLLM here."""
-    module.check_cpu_sgl_kernel = lambda n, k, dtype: False
+    vLLM reads the CPU's features through torch.cpu's queries, which the caps do not change: it loads its
+    AVX512-BF16 kernels (vllm._C), picks its AMX GEMM, which the capped oneDNN refuses ("BFloat16 Brgemm
+    VNNI format is only supported ... when `amx` is supported": the engine aborts at its first bf16
+    rollout), and its AMX attention (the engine's worker was killed by SIGILL, exit -4, at its first bf16
+    rollout, with the GEMM alone kept off AMX). The queries answer as an AVX2 CPU's do, so that vLLM loads
+    vllm._C_AVX2 and its AVX2 paths, as on such a CPU."""
+    import torch
+
+    for query in ("_is_amx_tile_supported", "_is_amx_fp16_supported", "_is_avx512_bf16_supported",
+                  "_is_avx512_supported", "_is_avx512_vnni_supported"):  # fmt: skip
+        if hasattr(torch.cpu, query):
+            setattr(torch.cpu, query, lambda: False)
 
 
 # module -> [(patch name, function)]; the reasons are the functions' docstrings
@@ -336,13 +347,13 @@ PATCHES = {
     "openrlhf.trainer.ray.vllm_worker_wrap": [("cpu_weight_reload", _cpu_weight_reload)],
     "openrlhf_band.integration.policy_loss": [("entropy_probe", _record_loss_entropy)],
     "openrlhf.models.loss": [("clip_bins_probe", _record_clip_bins)],
-    "vllm.model_executor.layers.utils": [("no_amx_gemm_when_emulating", _no_amx_gemm_when_emulating)],
+    "vllm.platforms.cpu": [("avx2_cpu_when_emulating", _avx2_cpu_when_emulating)],
 }
 SKIPPED = set(filter(None, os.environ.get("E2E_SHIM_SKIP", "").split(",")))  # to show a patch is needed
 if os.environ.get("E2E_PARAM_DTYPE", "bf16") != "float32":
     SKIPPED.add("float32_on_cpu")
 if os.environ.get("E2E_EMULATE_NO_BF16") != "1":
-    SKIPPED.add("no_amx_gemm_when_emulating")
+    SKIPPED.add("avx2_cpu_when_emulating")
 
 
 class _PatchAfterImport(MetaPathFinder):
