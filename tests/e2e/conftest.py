@@ -24,18 +24,25 @@ _fixture_seconds: dict[str, float] = {}
 _test_seconds: dict[str, float] = {}  # each test's own call, its fixtures' setup apart
 
 
-def pytest_runtest_logreport(report):
-    if report.when == "call":
-        _test_seconds[report.nodeid.split("::", 1)[-1]] = report.duration
+class _Clock:
+    """Registered as a plugin, not left as conftest hooks: pytest calls a session fixture's setup hook through
+    the session's hooks, which see only the root's conftest files, never this folder's."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        start = time.monotonic()
+        yield
+        if fixturedef.scope in ("session", "module"):
+            name = fixturedef.argname
+            _fixture_seconds[name] = _fixture_seconds.get(name, 0.0) + time.monotonic() - start
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call":
+            _test_seconds[report.nodeid.split("::", 1)[-1]] = report.duration
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    start = time.monotonic()
-    yield
-    if fixturedef.scope in ("session", "module"):
-        name = fixturedef.argname
-        _fixture_seconds[name] = _fixture_seconds.get(name, 0.0) + time.monotonic() - start
+def pytest_configure(config):
+    config.pluginmanager.register(_Clock(), "e2e-clock")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
