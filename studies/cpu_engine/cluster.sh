@@ -54,9 +54,9 @@ cleanup() {
   if [[ -n "$pids" ]]; then
     # shellcheck disable=SC2086  # a list of pids
     kill -TERM $pids 2>/dev/null || true
-    # Two seconds' grace: Ray's gcs_server and a Python daemon beside it outlive SIGTERM for 10 s or more
-    # (seen: every run of the suite waited the whole grace period for them, 10 s a run), while the
-    # trainer's and vLLM's processes have left by then.
+    # Two seconds' grace: Ray's gcs_server and a Python daemon beside it outlived SIGTERM through a grace of
+    # 10 s in the runs watched (a run's exit came 10.6 s after its training ended), while the trainer's and
+    # vLLM's processes have left by then.
     for _ in $(seq 1 20); do
       [[ -z "$(run_pids)" ]] && break
       sleep 0.1
