@@ -229,8 +229,9 @@ def record(task: Path, to: Path) -> dict:
         raise SystemExit(f"{task} holds a copy of the committed checkpoint: make one with LEARN_REBUILD=1 first")
     shutil.rmtree(to, ignore_errors=True)
     shutil.copytree(task / "checkpoint", to)
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("flags")), [])  # fmt: skip
+    from cpu_dtype import cpu_flags  # studies/cpu_engine, on sys.path through learn_task
+
+    flags = cpu_flags(Path("/proc/cpuinfo").read_text())
     made = {
         "command": RECORD_COMMAND,
         "task_version": TASK_VERSION,
