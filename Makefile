@@ -107,13 +107,14 @@ unit: $(STAMP)
 # inductor cache: inductor's on-disk cache does not key on a forced ATEN_CPU_CAPABILITY, and a kernel
 # compiled under one and run under another computed garbage here (OpenRLHF's compute_entropy, off by 25).
 NPY_NO_AVX512 := AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR
+# the avx2 code path's caps (also those of ci-no-bf16, below)
+AVX2_CAPS     := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	NPY_DISABLE_CPU_FEATURES="$(NPY_NO_AVX512)"
 UNIT_SUITE    := OMP_NUM_THREADS=1 $(PY) -m pytest --ignore=tests/e2e -n $(UNIT_WORKERS) --dist loadfile -p no:cacheprovider
 unit-cpu-paths: $(STAMP)
 	status=0; \
 	echo "== the unit suite on the avx2 code path"; \
-	env ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
-		NPY_DISABLE_CPU_FEATURES="$(NPY_NO_AVX512)" TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2 \
-		$(UNIT_SUITE) || status=1; \
+	env $(AVX2_CAPS) TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2 $(UNIT_SUITE) || status=1; \
 	echo "== the unit suite on the baseline code path"; \
 	env ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41 \
 		NPY_DISABLE_CPU_FEATURES="AVX AVX2 FMA3 F16C $(NPY_NO_AVX512)" \
@@ -128,12 +129,11 @@ e2e: $(STAMP) $(E2E_STAMP)
 # The whole of `bash .ci/run` as a CPU without native bf16 runs it, measured on one with it: oneDNN, ATen, MKL
 # and numpy capped at AVX2 (bf16 products emulated, as there) and the harness in float32 where a run pins no
 # dtype (studies/cpu_engine/cpu_dtype.py reads the caps). E2E_EMULATE_NO_BF16 makes vLLM see an AVX2 CPU too
-# (the shim's avx2_cpu_when_emulating: it reads the CPU's features itself, and its AMX paths fail under the caps). Run it on a fresh clone to time a
-# cold CI (docs/tests.md#timings); its own inductor cache, as unit-cpu-paths (below) says why.
+# (the shim's avx2_cpu_when_emulating: it reads the CPU's features itself, and its AMX paths fail under the
+# caps). Run it on a fresh clone to time a cold CI (docs/tests.md#timings); its own inductor cache, as
+# unit-cpu-paths (above) says why.
 ci-no-bf16:
-	env ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
-		NPY_DISABLE_CPU_FEATURES="$(NPY_NO_AVX512)" E2E_EMULATE_NO_BF16=1 \
-		TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/out/inductor-no-bf16 bash .ci/run
+	env $(AVX2_CAPS) E2E_EMULATE_NO_BF16=1 TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/out/inductor-no-bf16 bash .ci/run
 
 SHELL_SCRIPTS := examples/scripts/*.sh bench/gpu_check.sh bench/aot_versions.sh openrlhf_band/patching/patches/regenerate.sh .ci/run studies/cpu_engine/*.sh studies/learn/*.sh studies/smollm2/*.sh requirements/lock.sh
 
