@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint learn-checkpoint-rebuild learn-study smollm2-study test unit unit-cpu-paths e2e lint demo bench locks clean ci-no-bf16
+.PHONY: venv e2e-venv learn-checkpoint learn-checkpoint-rebuild learn-study smollm2-study realmodel-calibrate realmodel-probe realmodel-pairs test unit unit-cpu-paths e2e lint demo bench locks clean ci-no-bf16
 
 venv: $(STAMP)
 
@@ -87,6 +87,22 @@ learn-study: learn-checkpoint
 smollm2-study: $(E2E_STAMP)
 	$(E2E_VENV)/bin/python studies/smollm2/study.py run --seeds 3 --out out/smollm2-study
 	$(E2E_VENV)/bin/python studies/smollm2/study.py report --out out/smollm2-study --docs studies/smollm2/results
+
+# The exactly paired real-model study (docs/smollm2_study.md#the-exactly-paired-study-outside-the-engine):
+# SmolLM2-135M-Instruct in studies/realmodel/loop.py (seeded sampling, OpenRLHF's Actor, the methods' real
+# losses). Calibrate the task; the replay probe (about 45 min on 2 cores; needs clip seed 0's step-6 weights,
+# which the first pair saves); the paired study, clip against band-kl, seed by seed to its stopping rule
+# (about 15 min a run; the ledger studies/realmodel/results/runs/ carries it across sessions, `touch
+# out/realmodel/STOP` stops it before its next run). Never beside a test suite.
+SMOL_MODEL_DIR := $(E2E_VENV)/models/smollm2-135m-instruct
+$(SMOL_MODEL_DIR)/PREPARED.json: | $(E2E_STAMP)
+	$(E2E_VENV)/bin/openrlhf-band prepare-model smollm2-135m-instruct $(SMOL_MODEL_DIR)
+realmodel-calibrate: $(SMOL_MODEL_DIR)/PREPARED.json
+	$(E2E_VENV)/bin/python studies/realmodel/calibrate.py
+realmodel-probe: $(SMOL_MODEL_DIR)/PREPARED.json
+	$(E2E_VENV)/bin/python studies/realmodel/study.py probe
+realmodel-pairs: $(SMOL_MODEL_DIR)/PREPARED.json
+	$(E2E_VENV)/bin/python studies/realmodel/study.py pairs
 
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more; instead UNIT_WORKERS processes (pytest-xdist, a test file per
