@@ -479,6 +479,11 @@ def run(
         if step == 1:
             row["token_stats"] = token_stats(batch)
         steps.append(row)
+        print(
+            f"[loop] {method} seed {seed} step {step}: rollout reward {row['rollout_reward']:.3f}, clip "
+            f"{row['clip_frac']:.3f}, {time.time() - start:.0f} s",
+            flush=True,
+        )
         if eval_rows and eval_every and step % eval_every == 0 and step != cfg.steps:
             evals.append({"step": step, **exact_eval(policy, eval_rows)})
         if on_step is not None:

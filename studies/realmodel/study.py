@@ -4,6 +4,7 @@
     .venv-e2e/bin/python studies/realmodel/study.py probe      replay probe   (make realmodel-probe)
     .venv-e2e/bin/python studies/realmodel/study.py pairs      paired study   (make realmodel-pairs)
     .venv-e2e/bin/python studies/realmodel/study.py report     tables from the committed ledger
+    .venv-e2e/bin/python studies/realmodel/study.py probe-report   probe.md from the committed probe.json
 
 `pairs` runs clip and band-kl seed by seed (a stopped study holds whole pairs), skips runs whose ledger
 entry (results/runs/METHOD-seedS.json, committed) has this study's settings, and stops at the rule
@@ -35,8 +36,10 @@ LEDGER = RESULTS / "runs"
 WORK = ROOT / "out" / "realmodel"
 #: the calibrated setting (results/calibration.md): its name in calibrate.CANDIDATES
 TASK = "spell_backward len<=3, 4 shots"
-TRAIN_SIZE, EVAL_SIZE = 2048, 512
-EXACT_ROWS, SAMPLED_ROWS, SAMPLED_N = 256, 512, 2
+# spell_backward's words of up to 3 letters are ~1,400 distinct items: training and held-out rows fit beside each
+# other at these sizes (96 training prompts a run)
+TRAIN_SIZE, EVAL_SIZE = 640, 600
+EXACT_ROWS, SAMPLED_ROWS, SAMPLED_N = 256, 256, 2
 PAIRED = ("clip", "band-kl")
 #: the probe's methods: the three its predictions name first; Clip-Higher and CISPO when time allows
 PROBE_METHODS = ("clip", "band-kl", "band-kl-floor", "clip-higher", "cispo")
@@ -50,22 +53,32 @@ def task() -> tuple[loop.Task, list[dict], list[dict]]:
     data = calibrate.prepare(calibrate.CANDIDATES[TASK], WORK / "data", size=TRAIN_SIZE, eval_size=EVAL_SIZE)
     t = loop.Task.load(data)
     held = calibrate.interleave(t.eval, len(t.eval))
+    if len(held) < max(EXACT_ROWS, SAMPLED_ROWS):
+        raise SystemExit(
+            f"{data}: {len(held)} held-out rows after de-duplication, the study needs "
+            f"{max(EXACT_ROWS, SAMPLED_ROWS)}: lower TRAIN_SIZE or choose a task with more items"
+        )
     return t, held[:EXACT_ROWS], held[:SAMPLED_ROWS]
 
 
 def settings() -> dict:
     """What makes two runs comparable (a ledger entry is reused only when its settings equal these)."""
-    return {
-        "task": TASK,
-        "prepare": calibrate.CANDIDATES[TASK],
-        "train_size": TRAIN_SIZE,
-        "eval_size": EVAL_SIZE,
-        "exact_rows": EXACT_ROWS,
-        "sampled_rows": SAMPLED_ROWS,
-        "sampled_n": SAMPLED_N,
-        "config": asdict(CONFIG),
-        "model": "smollm2-135m-instruct",
-    }
+    # through JSON, as the ledger stores it (tuples become lists)
+    return json.loads(
+        json.dumps(
+            {
+                "task": TASK,
+                "prepare": calibrate.CANDIDATES[TASK],
+                "train_size": TRAIN_SIZE,
+                "eval_size": EVAL_SIZE,
+                "exact_rows": EXACT_ROWS,
+                "sampled_rows": SAMPLED_ROWS,
+                "sampled_n": SAMPLED_N,
+                "config": asdict(CONFIG),
+                "model": "smollm2-135m-instruct",
+            }
+        )
+    )
 
 
 def ledger_entry(method: str, seed: int) -> dict | None:
@@ -95,7 +108,7 @@ def run_one(method: str, seed: int, save_mid: bool = False) -> dict:
         sampled_rows=sampled_rows,
         sampled_n=SAMPLED_N,
         eval_seed=EVAL_SEED,
-        eval_every=6,
+        eval_every=0,
         on_step=on_step,
     )
     result["settings"] = settings()
@@ -348,7 +361,7 @@ def probe_report(done: dict) -> None:
     summary = {"predictions": []}
     lines += [
         "",
-        "| prediction | batches agreeing | p (sign test, two-sided) | mean difference (nats) |",
+        "| prediction | batches agreeing | p (sign test, two-sided) | mean of first method - second (nats) |",
         "|---|---|---|---|",
     ]
     for name, a, b, bins, sign, predicted in PREDICTIONS:
@@ -444,9 +457,10 @@ def main() -> int:
     p = sub.add_parser("probe")
     p.add_argument("--start-batches", type=int, default=4)
     p.add_argument("--mid-batches", type=int, default=4)
-    p.add_argument("--eval-rows", type=int, default=128)
+    p.add_argument("--eval-rows", type=int, default=64)
     p.add_argument("--methods", nargs="+", default=list(PROBE_METHODS[:3]), choices=PROBE_METHODS)
     sub.add_parser("report")
+    sub.add_parser("probe-report", help="probe.md from the committed probe.json")
     p = sub.add_parser("one")
     p.add_argument("method")
     p.add_argument("seed", type=int)
@@ -456,6 +470,9 @@ def main() -> int:
         return pairs_main(args.max_seeds)
     if args.command == "probe":
         return probe_main(args.start_batches, args.mid_batches, args.eval_rows, args.methods)
+    if args.command == "probe-report":
+        probe_report(json.loads((RESULTS / "probe.json").read_text()))
+        return 0
     if args.command == "one":
         run_one(args.method, args.seed, save_mid=(args.method == "clip" and args.seed == 0))
         return 0

@@ -7,6 +7,7 @@ transformers model with a real tokenizer and chat template, no download."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -136,6 +137,8 @@ def test_sign_test_interval_and_stopping_rule():
     assert "half-width" in study.stopping_rule({"n": 4, "ci95": [-0.01, 0.02], **base})
     assert study.stopping_rule({"n": 4, "ci95": [-0.05, 0.05], **base}) is None
     assert study.stopping_rule({"n": 12, "ci95": [-0.5, 0.5], **base}) == "12 pairs"
+    # the ledger compares settings read back from JSON: what settings() returns must survive the trip
+    assert study.settings() == json.loads(json.dumps(study.settings()))
 
 
 def test_the_sampler_inside_generate_matches_teacher_forced_probabilities():
