@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,10 +92,7 @@ def interleave(rows: list[dict], n: int) -> list[dict]:
 
 
 def heldout_tasks(rows: list[dict]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.get("datasource", "default")] = counts.get(r.get("datasource", "default"), 0) + 1
-    return counts
+    return dict(Counter(r.get("datasource", "default") for r in rows))
 
 
 def main() -> int:
@@ -106,13 +104,7 @@ def main() -> int:
     parser.add_argument("--table-only", action="store_true", help="rewrite calibration.md from calibration.json")
     args = parser.parse_args()
     if args.table_only:
-        results = json.loads((RESULTS / "calibration.json").read_text())
-        for i, name in enumerate(CANDIDATES):  # a record made before heldout_tasks was kept
-            if name in results and "heldout_tasks" not in results[name]:
-                rows = interleave(loop.Task.load(args.work / f"c{i}").eval, args.rows)
-                results[name]["heldout_tasks"] = heldout_tasks(rows)
-        (RESULTS / "calibration.json").write_text(json.dumps(results, indent=1) + "\n")
-        write_table(results, args.rows, args.samples)
+        write_table(json.loads((RESULTS / "calibration.json").read_text()), args.rows, args.samples)
         return 0
     policy = loop.Policy(MODEL)
     results = json.loads((RESULTS / "calibration.json").read_text()) if (RESULTS / "calibration.json").exists() else {}

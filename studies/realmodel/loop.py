@@ -40,8 +40,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-#: (lo, hi, name) old-probability bins, as the band's metrics (band/tokens_<bin>)
-BINS = ((0.0, 0.01, "p<0.01"), (0.01, 0.1, "p0.01-0.1"), (0.1, 0.5, "p0.1-0.5"), (0.5, 1.0, "p>=0.5"))
+from openrlhf_band.tools.demo import BINS  # (lo, hi, name) old-probability bins, as the band's metrics
 
 
 @dataclass
@@ -61,9 +60,6 @@ class LoopConfig:
     max_new_tokens: int = 24
     threads: int = 2
     extra_flags: list[str] = field(default_factory=list)  # after the method's flags (radius, cap...)
-
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def derived_seed(*parts: int | str) -> int:
@@ -294,16 +290,9 @@ def sampled_eval(
 ) -> dict[str, float]:
     """The task's scorer on replies sampled with seeded uniforms (the same numbers for every policy at
     one seed: paired), or greedy; mean_reward over rows x samples, answer_found, reply_tokens, truncated."""
-    texts = [policy.prompt_text(r) for r in rows]
-    prompt_ids = [policy.encode(t) for t in texts]
     n = 1 if greedy else samples
-    expanded = [p for p in prompt_ids for _ in range(n)]
-    uniforms = None if greedy else step_uniforms(seed, 0, len(expanded), max_new_tokens, purpose="eval")
-    replies = generate_replies(policy.model, expanded, uniforms, max_new_tokens, policy.eos_ids, policy.pad_id)
-    prompts_x = [t for t in texts for _ in range(n)]
-    labels = [r["label"] for r in rows for _ in range(n)]
-    queries = [p + policy.decode(r) for p, r in zip(prompts_x, replies)]
-    scores = task.reward_fn(queries, prompts_x, labels)
+    uniforms = None if greedy else step_uniforms(seed, 0, len(rows) * n, max_new_tokens, purpose="eval")
+    _, replies, scores = sample_and_score(policy, task, rows, n, uniforms, max_new_tokens)
     # the canonical reply drawn verbatim: its rate estimates exact_eval's mean_p_correct (a check on both)
     canonical = [policy.encode(canonical_reply(r)) + policy.eos_ids[:1] for r in rows for _ in range(n)]
     return {
@@ -327,9 +316,11 @@ class Rollout:
     advantages: Tensor  # (N * G,)
 
 
-def make_rollout(
-    policy: Policy, task: Task, rows: Sequence[dict], samples: int, uniforms: Tensor, max_new_tokens: int
-) -> Rollout:
+def sample_and_score(
+    policy: Policy, task: Task, rows: Sequence[dict], samples: int, uniforms: Tensor | None, max_new_tokens: int
+) -> tuple[list[list[int]], list[list[int]], list[float]]:
+    """(prompt ids, replies, scores), `samples` rows per prompt (row i * samples + j: sample j of prompt i),
+    drawn with `uniforms` (greedy when None) and scored by the task."""
     texts = [policy.prompt_text(r) for r in rows]
     ids = [policy.encode(t) for t in texts]
     prompt_ids = [p for p in ids for _ in range(samples)]
@@ -337,6 +328,13 @@ def make_rollout(
     prompts_x = [t for t in texts for _ in range(samples)]
     labels = [r["label"] for r in rows for _ in range(samples)]
     scores = task.reward_fn([p + policy.decode(r) for p, r in zip(prompts_x, replies)], prompts_x, labels)
+    return prompt_ids, replies, scores
+
+
+def make_rollout(
+    policy: Policy, task: Task, rows: Sequence[dict], samples: int, uniforms: Tensor, max_new_tokens: int
+) -> Rollout:
+    prompt_ids, replies, scores = sample_and_score(policy, task, rows, samples, uniforms, max_new_tokens)
     rewards = torch.tensor(scores, dtype=torch.float32)
     return Rollout(prompt_ids, replies, rewards, group_advantages(rewards, samples))
 
