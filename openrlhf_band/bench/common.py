@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -11,6 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+
+def require_modules(*names: str) -> None:
+    """Raise ModuleNotFoundError (the CLI turns it into the install line) for the first of `names` that
+    this environment lacks, before a benchmark starts worker processes that would fail one by one."""
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
 def rollout_log_probs(num_tokens: int, seed: int = 0, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from openrlhf_band.bench.common import machine_info, write_json
+from openrlhf_band.bench.common import machine_info, require_modules, write_json
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -203,6 +203,8 @@ def _max_diff(a, b) -> float | None:
 def main(args: argparse.Namespace) -> int:
     if args.worker:
         return _worker(args)
+    if not os.environ.get("OPENRLHF_UTILS_PY"):  # the baseline's workers need OpenRLHF's functions
+        require_modules("openrlhf")
     device = torch.device(args.device)
     limit = args.openrlhf_max_tokens
     if limit is None:  # OpenRLHF's step holds ~13 bytes per logit (bf16 + float32 logits, their gradient)

@@ -18,7 +18,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from openrlhf_band.bench.common import write_json
+from openrlhf_band.bench.common import require_modules, write_json
 
 
 def equivalent_pair(rng: random.Random) -> tuple[str, str]:
@@ -65,6 +65,7 @@ def score_rate(reward, rows: list[tuple[str, str]], threads: int) -> float:
 def run(workers: list[int], n: int, threads: int) -> dict:
     from openrlhf_band.recipe import reward
 
+    require_modules("math_verify", "pebble")
     sets = {kind: responses(kind, n) for kind in ("hard", "mix")}
     rows = []
     for count in workers:

@@ -6,49 +6,51 @@ check-args, the patch set) are in `openrlhf_band.patching`.
 
 This package is the one import path of the patch set: the patched OpenRLHF files import only names
 re-exported here, so moving code inside openrlhf_band never changes the patches.
+
+Names are imported on first use (PEP 562): the loss and its flags need only torch, while the
+stand-ins in `compat` need einops and transformers, which a bare `pip install openrlhf-band` lacks.
 """
 
-from openrlhf_band.integration.compat import (
-    all_gather,
-    index_first_axis,
-    missing_vllm,
-    pad_input,
-    rearrange,
-    unpad_input,
-)
-from openrlhf_band.integration.flags import (
-    add_band_arguments,
-    add_loss_arguments,
-    band_loss_kwargs,
-    validate_band_arguments,
-    validate_loss_arguments,
-)
-from openrlhf_band.integration.fused_head import (
-    add_fused_logprobs_argument,
-    fused_forward,
-    install_fused_head,
-    validate_fused_logprobs_arguments,
-)
-from openrlhf_band.integration.hooks import (
-    band_after_step,
-    band_checkpoint_state,
-    band_load_checkpoint_state,
-    band_loss_inputs,
-    loss_class_and_kwargs,
-    loss_metrics,
-)
-from openrlhf_band.integration.metrics import band_metrics
-from openrlhf_band.integration.objective_flags import LOSS_TYPES
-from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss, make_policy_loss
-from openrlhf_band.integration.policy_loss import BandPolicyLoss
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
+_PUBLIC = {
+    "all_gather": "openrlhf_band.integration.compat",
+    "index_first_axis": "openrlhf_band.integration.compat",
+    "missing_vllm": "openrlhf_band.integration.compat",
+    "pad_input": "openrlhf_band.integration.compat",
+    "rearrange": "openrlhf_band.integration.compat",
+    "unpad_input": "openrlhf_band.integration.compat",
+    "add_band_arguments": "openrlhf_band.integration.flags",
+    "add_loss_arguments": "openrlhf_band.integration.flags",
+    "band_loss_kwargs": "openrlhf_band.integration.flags",
+    "validate_band_arguments": "openrlhf_band.integration.flags",
+    "validate_loss_arguments": "openrlhf_band.integration.flags",
+    "add_fused_logprobs_argument": "openrlhf_band.integration.fused_head",
+    "fused_forward": "openrlhf_band.integration.fused_head",
+    "install_fused_head": "openrlhf_band.integration.fused_head",
+    "validate_fused_logprobs_arguments": "openrlhf_band.integration.fused_head",
+    "band_after_step": "openrlhf_band.integration.hooks",
+    "band_checkpoint_state": "openrlhf_band.integration.hooks",
+    "band_load_checkpoint_state": "openrlhf_band.integration.hooks",
+    "band_loss_inputs": "openrlhf_band.integration.hooks",
+    "loss_class_and_kwargs": "openrlhf_band.integration.hooks",
+    "loss_metrics": "openrlhf_band.integration.hooks",
+    "band_metrics": "openrlhf_band.integration.metrics",
+    "LOSS_TYPES": "openrlhf_band.integration.objective_flags",
+    "ObjectivePolicyLoss": "openrlhf_band.integration.objective_loss",
+    "make_policy_loss": "openrlhf_band.integration.objective_loss",
+    "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
+}
 __all__ = [
-    "LOSS_TYPES",
     "BandPolicyLoss",
+    "LOSS_TYPES",
     "ObjectivePolicyLoss",
     "add_band_arguments",
-    "add_loss_arguments",
     "add_fused_logprobs_argument",
+    "add_loss_arguments",
     "all_gather",
     "band_after_step",
     "band_checkpoint_state",
@@ -70,3 +72,50 @@ __all__ = [
     "validate_fused_logprobs_arguments",
     "validate_loss_arguments",
 ]
+
+if TYPE_CHECKING:
+    from openrlhf_band.integration.compat import (
+        all_gather,
+        index_first_axis,
+        missing_vllm,
+        pad_input,
+        rearrange,
+        unpad_input,
+    )
+    from openrlhf_band.integration.flags import (
+        add_band_arguments,
+        add_loss_arguments,
+        band_loss_kwargs,
+        validate_band_arguments,
+        validate_loss_arguments,
+    )
+    from openrlhf_band.integration.fused_head import (
+        add_fused_logprobs_argument,
+        fused_forward,
+        install_fused_head,
+        validate_fused_logprobs_arguments,
+    )
+    from openrlhf_band.integration.hooks import (
+        band_after_step,
+        band_checkpoint_state,
+        band_load_checkpoint_state,
+        band_loss_inputs,
+        loss_class_and_kwargs,
+        loss_metrics,
+    )
+    from openrlhf_band.integration.metrics import band_metrics
+    from openrlhf_band.integration.objective_flags import LOSS_TYPES
+    from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss, make_policy_loss
+    from openrlhf_band.integration.policy_loss import BandPolicyLoss
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'openrlhf_band.integration' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -118,6 +118,8 @@ def main(argv: Sequence[str]) -> int:
             print(attention_note(argv, args), file=sys.stderr)
         except SystemExit as exit_:
             return int(exit_.code or 0) or 2
+        except ModuleNotFoundError:  # OpenRLHF or Ray not installed: the CLI says what to install
+            raise
         except AssertionError as err:
             print(f"openrlhf-band check-args: invalid arguments: {err}", file=sys.stderr)
             return 2

