@@ -139,9 +139,8 @@ def main() -> int:
     return 0
 
 
-def write_table(results: dict, rows: int, samples: int) -> None:
+def calibration_table(results: dict, rows: int, samples: int) -> list[str]:
     lines = [
-        "<!-- written by studies/realmodel/calibrate.py from calibration.json; do not edit -->",
         f"SmolLM2-135M-Instruct at the start, {rows} held-out prompts per setting (tasks round-robin), T = 1, "
         f"24 tokens; sampled = {samples} seeded samples a prompt; exact = the canonical reply's probability.",
         "",
@@ -159,7 +158,12 @@ def write_table(results: dict, rows: int, samples: int) -> None:
             f"{r['exact']['mean_p_correct']:.3f} | {r['exact']['entropy']:.3f} | {s['answer_found']:.2f} | "
             f"{r['prompt_tokens']:.0f} | {r['seconds']:.0f} |"
         )
-    (RESULTS / "calibration.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def write_table(results: dict, rows: int, samples: int) -> None:
+    header = "<!-- written by studies/realmodel/calibrate.py from calibration.json; do not edit -->"
+    (RESULTS / "calibration.md").write_text("\n".join([header, *calibration_table(results, rows, samples)]) + "\n")
 
 
 if __name__ == "__main__":

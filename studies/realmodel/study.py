@@ -344,11 +344,11 @@ PREDICTIONS = (
 )
 
 
-def probe_report(done: dict) -> None:
+def probe_tables(done: dict) -> tuple[list[str], dict]:
+    """The probe's tables (markdown lines) and its summary, from probe.json's content."""
     batches = done["batches"]
     methods = [m for m in PROBE_METHODS if all(m in b["methods"] for b in batches)]
-    lines = ["<!-- written by studies/realmodel/study.py probe from probe.json; do not edit -->", ""]
-    lines += [
+    lines = [
         "Per batch: mean change of log-probability (nats) of the rare sampled tokens (old p < 0.1), by "
         "advantage sign, after one rollout's update from identical weights.",
         "",
@@ -401,6 +401,12 @@ def probe_report(done: dict) -> None:
         f"Clip's own one-rollout change: p(correct) {statistics.fmean(clip_dp):+.4f}, entropy "
         f"{statistics.fmean(clip_de):+.4f} nats (mean over {len(batches)} batches).",
     ]
+    return lines, summary
+
+
+def probe_report(done: dict) -> None:
+    lines, summary = probe_tables(done)
+    lines = ["<!-- written by studies/realmodel/study.py probe from probe.json; do not edit -->", "", *lines]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "probe.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "probe_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -408,12 +414,11 @@ def probe_report(done: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def report() -> dict:
+def pairs_tables() -> tuple[list[str], dict, dict]:
+    """The ledger's runs and the paired outcomes as markdown lines, every outcome's gains, and the primary's."""
     pairs = paired_gains()
     runs = sorted(LEDGER.glob("*.json")) if LEDGER.exists() else []
     lines = [
-        "<!-- written by studies/realmodel/study.py report from results/runs; do not edit -->",
-        "",
         "| run | exact p(correct) start -> end | entropy start -> end (nats) | sampled reward | greedy reward | "
         "mean rollout reward | s |",
         "|---|---|---|---|---|---|---|",
@@ -442,6 +447,12 @@ def report() -> dict:
         rise = f"{statistics.fmean(g['clip_rises']):+.4f}" if g["clip_rises"] else "-"
         lines.append(f"| {name} | {g['n']} | {mean} | {ci} | {rise} |")
     lines += ["", f"Stopping rule (on sampled_reward): {stopping_rule(pairs) or 'not met'}."]
+    return lines, every, pairs
+
+
+def report() -> dict:
+    lines, every, pairs = pairs_tables()
+    lines = ["<!-- written by studies/realmodel/study.py report from results/runs; do not edit -->", "", *lines]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pairs.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "pairs.json").write_text(json.dumps(every, indent=1) + "\n")
