@@ -9,7 +9,7 @@ A page holds a rendered table between two marker lines (the name says which rend
     | ... |
     <!-- /table NAME -->
 
-The renderers live beside their data: each module in RENDERER_MODULES defines
+The renderers live beside their data: each file named doc_tables.py under studies/ or bench/ defines
 `TABLES: dict[str, Callable[[], tuple[str, str]]]`, NAME -> a function returning (the markdown, the
 data files it read, as one short string for the marker). A block whose NAME no module defines, or a
 name no page uses, is an error: a table cannot be left behind by a renamed renderer, nor a renderer by
@@ -27,10 +27,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-# the modules that define TABLES, relative to the repository root (loaded by path: studies/ is not a package)
-RENDERER_MODULES = [
-    "studies/realmodel/tables.py",
-]
+# the modules that define TABLES: every doc_tables.py under studies/ and bench/, beside the data it reads
+# (loaded by path: studies/ is not a package)
+RENDERER_MODULES = sorted(
+    str(p.relative_to(ROOT)) for d in ("studies", "bench") for p in (ROOT / d).glob("**/doc_tables.py")
+)
 COMMAND = "python studies/docs_tables.py"
 BLOCK = re.compile(r"^<!-- table (?P<name>[\w.-]+): [^\n]* -->\n(?P<body>.*?)^<!-- /table (?P=name) -->$", re.M | re.S)
 OPEN = re.compile(r"^<!-- table ([\w.-]+):", re.M)
