@@ -14,7 +14,7 @@
 # --shm-size=32g instead). Non-root: docker build --build-arg USER_UID=1000 ... runs as user "rl".
 #
 # Every Python package is locked: requirements/gpu-lock.txt (make locks: requirements/gpu.txt resolved for Linux
-# x86_64 / CPython 3.12, at the CPU tests' versions wherever the CUDA stack allows) pins all ~260 of them with
+# x86_64 / CPython 3.12, at the CPU tests' versions wherever the CUDA stack allows) pins every one of them with
 # the sha256 of their files, and pip installs it whole with --require-hashes --no-deps, so two builds get the
 # same files. Outside the lock: the distribution packages below, flash-attn (opt-in, below) and this project.
 #

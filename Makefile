@@ -12,10 +12,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 venv: $(STAMP)
 
-# torch first and alone, pinned to its CPU build (torch==2.13.0+cpu): PyPI's Linux torch is the CUDA
-# build (several GB of nvidia-* wheels), which pip would pick with torch installed among the rest. The
-# CPU build comes from pip's configured sources where they hold it (a local wheel in pip's find-links),
-# else from PyTorch's CPU index, TORCH_INDEX, for this step only. openrlhf goes in with --no-deps
+# torch and triton (TORCH_PINS) first and alone, torch pinned to its CPU build (torch==2.13.0+cpu): PyPI's
+# Linux torch is the CUDA build (several GB of nvidia-* wheels), which pip would pick with torch installed among
+# the rest. The CPU build comes from pip's configured sources where they hold it (a local wheel in pip's
+# find-links), else from PyTorch's CPU index, TORCH_INDEX, for this step only. openrlhf goes in with --no-deps
 # because it hard-requires flash-attn (CUDA-only sdist); its other requirements are pinned in the lock
 # file. Then the patch set (band loss, flags, metrics, imports without flash-attn / vLLM) goes onto it.
 # The stamps also depend on the patch set: a changed patch set needs the released files back first,
@@ -79,11 +79,12 @@ learn-study: learn-checkpoint
 	$(E2E_VENV)/bin/python studies/learn/learn_study.py report --out out/learn-study --docs studies/learn/results
 
 # The real-model study (docs/smollm2_study.md): SmolLM2-135M-Instruct (openrlhf-band prepare-model) through
-# train_ppo_ray on reasoning-gym tasks; clip, Clip-Higher, band-kl, band-kl-floor and CISPO, 3 paired seeds
-# (studies/smollm2/run.sh each, about 16 min a run on 2 cores, 4 h in all). Finished runs are reused: those under
-# out/smollm2-study and those in the committed ledger, studies/smollm2/results/runs/ (each run is copied there as it
-# finishes), so the study spans sessions. `touch out/smollm2-study/STOP` stops it before its next run; run it again
-# to continue. Then the tables, CSV and curves under studies/smollm2/results/.
+# train_ppo_ray on reasoning-gym tasks; clip, Clip-Higher, band-kl, band-kl-floor and CISPO, 3 seeds, seed-matched
+# (studies/smollm2/run.sh each: 429-1392 s a run on 2 cores, 3.0 h of runs and 0.4 h of evaluation for the 15,
+# docs/smollm2_study.md). Finished runs are reused: those under out/smollm2-study and those in the committed ledger,
+# studies/smollm2/results/runs/ (each run is copied there as it finishes), so the study can be stopped and resumed
+# on another machine. `touch out/smollm2-study/STOP` stops it before its next run; run it again to continue.
+# Then the tables, CSV and curves under studies/smollm2/results/.
 smollm2-study: $(E2E_STAMP)
 	$(E2E_VENV)/bin/python studies/smollm2/study.py run --seeds 3 --out out/smollm2-study
 	$(E2E_VENV)/bin/python studies/smollm2/study.py report --out out/smollm2-study --docs studies/smollm2/results
@@ -92,8 +93,8 @@ smollm2-study: $(E2E_STAMP)
 # SmolLM2-135M-Instruct in studies/realmodel/loop.py (seeded sampling, OpenRLHF's Actor, the methods' real
 # losses). Calibrate the task; the replay probe (about 45 min on 2 cores; needs clip seed 0's step-6 weights,
 # which the first pair saves); the paired study, clip against band-kl, seed by seed to its stopping rule
-# (about 15 min a run; the ledger studies/realmodel/results/runs/ carries it across sessions, `touch
-# out/realmodel/STOP` stops it before its next run). Never beside a test suite.
+# (about 25 min a run on 2 cores; the ledger studies/realmodel/results/runs/ carries it to another machine,
+# `touch out/realmodel/STOP` stops it before its next run). Never beside a test suite.
 SMOL_MODEL_DIR := $(E2E_VENV)/models/smollm2-135m-instruct
 $(SMOL_MODEL_DIR)/PREPARED.json: | $(E2E_STAMP)
 	$(E2E_VENV)/bin/openrlhf-band prepare-model smollm2-135m-instruct $(SMOL_MODEL_DIR)

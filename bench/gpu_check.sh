@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One-call GPU check for a lent CUDA machine (torch + triton preinstalled; nothing is installed).
+# One-call GPU check for a CUDA machine (torch + triton preinstalled; nothing is installed).
 # Usage, from the repository root:  OUT=/some/dir bash bench/gpu_check.sh   (default OUT: out/bench/gpu)
 # Writes under $OUT: gpu_correctness.json, gpu_jit_resources.json (registers / spills of the kernels the
 # correctness run compiled, from the driver), aot_triton-<ver>-sm<cap>-device.{json,csv} (the AOT resource
 # table for this device's arch), the kernel benchmark's JSON/CSV (524,288 and 4,194,304 tokens), the bounds
 # benchmark's JSON (524,288 tokens, its default), the log-prob benchmark JSON, pytest output if pytest exists.
-# Budget: under 10 minutes on an H200 (correctness ~1-2 min, aot < 2 min, benchmarks ~3 min, tests ~1 min).
+# Budgeted under 10 minutes on an H200 (correctness ~1-2 min, aot < 2 min, benchmarks ~3 min, tests ~1 min); not
+# yet measured on any GPU; its steps' timeouts cap it at 15 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-out/bench/gpu}"

@@ -32,17 +32,13 @@ def bytes_per_token(variant: str) -> int:
     return loads + stores + backward
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("table", nargs="?", default="bench/results/aot_triton-3.7.1.json")
-    parser.add_argument("--target", default="90")
-    parser.add_argument("--variants", nargs="+", default=None, help="only variants whose name contains one of these")
-    args = parser.parse_args()
-    rows = [r for r in json.load(open(args.table))["rows"] if r["target"] == args.target and r["ok"]]
-    rows = [r for r in rows if not args.variants or any(p in r["variant"] for p in args.variants)]
-    header = "| variant | B/token | f64/token |" + "".join(f" {g} us/M tok (bound) |" for g in PEAKS)
-    print(header)
-    print("|" + "---|" * (3 + len(PEAKS)))
+def roofline_lines(rows: list[dict], target: str = "90", variants: list[str] | None = None) -> list[str]:
+    """The markdown table (lines) of every forward variant of `rows` (an AOT table's) compiled for
+    `target`, optionally only those whose name contains one of `variants`."""
+    rows = [r for r in rows if r["target"] == target and r["ok"]]
+    rows = [r for r in rows if not variants or any(p in r["variant"] for p in variants)]
+    lines = ["| variant | B/token | f64/token |" + "".join(f" {g} us/M tok (bound) |" for g in PEAKS)]
+    lines.append("|" + "---|" * (3 + len(PEAKS)))
     for r in rows:
         if not r["variant"].startswith("fwd"):
             continue
@@ -52,7 +48,17 @@ def main() -> None:
             memory_us, compute_us = nbytes * 1e6 / bandwidth * 1e6, f64 * 1e6 / rate * 1e6
             bound = "memory" if memory_us >= compute_us else f"f64 x{compute_us / memory_us:.1f}"
             cells.append(f" {max(memory_us, compute_us):.1f} ({bound}) |")
-        print(f"| {r['variant']} | {nbytes} | {f64:g} |" + "".join(cells))
+        lines.append(f"| {r['variant']} | {nbytes} | {f64:g} |" + "".join(cells))
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("table", nargs="?", default="bench/results/aot_triton-3.7.1.json")
+    parser.add_argument("--target", default="90")
+    parser.add_argument("--variants", nargs="+", default=None, help="only variants whose name contains one of these")
+    args = parser.parse_args()
+    print("\n".join(roofline_lines(json.load(open(args.table))["rows"], args.target, args.variants)))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,15 @@
 diagnostic ablation, paired from one warm-up checkpoint per seed.
 
 `make demo` runs DEFAULT_METHODS (clip, band-kl, band-kl-floor, band-kl+clip-low) over 3 seeds x
-80 rollouts, two runs at a time (4 min 47 s idle on 2 cores with an earlier method set, 13 min 3 s with
-today's on a loaded machine: docs/demo.md); `--full` every method of METHODS over 5 seeds; `--quick` clip and
-band-kl over 1 seed x 15 rollouts.
+80 rollouts, two runs at a time (its measured times: docs/demo.md); `--full` every method of METHODS
+over 5 seeds; `--quick` clip and band-kl over 1 seed x 15 rollouts.
 
 The task (a "fork": one rare token decides the reward; docs/demo.md). A prompt is [BOS, key,
 difficulty]; its one correct response is 6 answer tokens determined by the key. A supervised
-warm-up on noisy data leaves the five easy positions at p ~ 0.88 and the fork position (the 4th
-token) at p ~ 0.05 on hard prompts and ~ 0.3 on medium ones, with a distractor taking the rest.
+warm-up on noisy data (targets correct with probability 0.88 at the five easy positions; at the fork
+position, the 4th token, 0.05 on hard prompts and 0.3 on medium ones, else a distractor) leaves the
+model near those probabilities: the correct fork token on hard prompts at p = 0.108 in the committed
+full run (docs/demo_summary.txt).
 The reward is exact match (+1 correct, 0 else), so a rare correct fork token is what a group's
 advantage rewards, and that token is where a fixed clip caps the rise (q <= 1.2 p per rollout).
 

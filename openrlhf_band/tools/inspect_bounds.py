@@ -15,14 +15,14 @@ from openrlhf_band.band.divergences import DIVERGENCES
 FIXED_CLIPS: dict[str, tuple[float, float]] = {"clip 0.2": (0.8, 1.2), "clip-higher 0.2/0.28": (0.8, 1.28)}
 
 
-def bounds_table(
+def bounds_rows(
     probs: Sequence[float],
     divergence: str = "kl",
     delta: float = 0.05,
     upper_cap: float | None = None,
-) -> str:
-    """A plain-text table: per old probability p, the band [r_low, r_up] and the largest new
-    probability q = min(r * p, 1) that the band and each fixed clip allow.
+) -> list[tuple[float, ...]]:
+    """Per old probability p: (p, r_low, r_up, the band's largest new probability q = min(r_up * p, 1),
+    then each fixed clip's (`FIXED_CLIPS`, in order)). `bounds_table` prints them; docs render them.
 
     Args:
         probs: old probabilities in (0, 1].
@@ -32,13 +32,26 @@ def bounds_table(
             raise ValueError(f"probabilities must lie in (0, 1], got {p!r}")
     log_p = torch.tensor([math.log(p) for p in probs], dtype=torch.float64)
     lower, upper = band_bounds(log_p, divergence, delta, upper_cap=upper_cap)
-    clip_names = list(FIXED_CLIPS)
-    header = ["p", "band r_low", "band r_up", "band max q"] + [f"{n} max q" for n in clip_names]
-    rows = []
-    for p, lo, up in zip(probs, lower.tolist(), upper.tolist()):
-        row = [f"{p:.6g}", f"{lo:.6g}", f"{up:.6g}", f"{min(up * p, 1.0):.6g}"]
-        row += [f"{min(FIXED_CLIPS[n][1] * p, 1.0):.6g}" for n in clip_names]
-        rows.append(row)
+    return [
+        (p, lo, up, min(up * p, 1.0), *(min(high * p, 1.0) for _, high in FIXED_CLIPS.values()))
+        for p, lo, up in zip(probs, lower.tolist(), upper.tolist())
+    ]
+
+
+def bounds_table(
+    probs: Sequence[float],
+    divergence: str = "kl",
+    delta: float = 0.05,
+    upper_cap: float | None = None,
+) -> str:
+    """A plain-text table of `bounds_rows`: per old probability p, the band [r_low, r_up] and the largest
+    new probability q = min(r * p, 1) that the band and each fixed clip allow.
+
+    Args:
+        probs: old probabilities in (0, 1].
+    """
+    header = ["p", "band r_low", "band r_up", "band max q"] + [f"{n} max q" for n in FIXED_CLIPS]
+    rows = [[f"{v:.6g}" for v in row] for row in bounds_rows(probs, divergence, delta, upper_cap)]
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     cap = f", upper_cap={upper_cap:g}" if upper_cap is not None else ""
     lines = [f"band: divergence={divergence}, delta={delta:g}{cap}   (q = new probability = r * p)"]

@@ -51,29 +51,24 @@ def ms(values, signed=False):
     return f"{mean:+.3f} +- {sd:.3f}" if signed else f"{mean:.3f} +- {sd:.3f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("csv", nargs="?", default="studies/band_family/results/metrics.csv")
-    parser.add_argument("--check", default=None)
-    args = parser.parse_args()
-    rows = read(Path(args.csv))
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    steps = sorted({r["step"] for r in rows})
-    final = steps[-3:]
-    seeds = len({r["seed"] for r in rows})
-    print(f"{seeds} seeds, final = mean of rollouts {final}\n")
-
-    print("| method | mean@32 | pass@32 | entropy (nats) |\n|---|---|---|---|")
+def absolute_table(rows: list[dict], methods: list[str], final: list[int]) -> list[str]:
+    """Final absolute values, mean +- sd over seeds: one markdown row per method."""
+    lines = ["| method | mean@32 | pass@32 | entropy (nats) |", "|---|---|---|---|"]
     for m in methods:
-        print(f"| {m} | " + " | ".join(ms(per_seed(rows, m, k, final)) for k in KEYS) + " |")
+        lines.append(f"| {m} | " + " | ".join(ms(per_seed(rows, m, k, final)) for k in KEYS) + " |")
+    return lines
 
-    gain = statistics.fmean(per_seed(rows, "band-kl", "mean@32", final, "clip"))
-    print("\npaired to clip (method - clip) and to band-kl (method - band-kl), final, mean +- sd over seeds;")
-    print(f"'share' = the method's mean@32 gain over clip / band-kl's ({gain:+.3f}); 'entropy kept' = "
-          "|entropy - clip| <= its sd\n")  # fmt: skip
-    print("| method | mean@32 - clip | pass@32 - clip | entropy - clip | share of band-kl gain | entropy kept | "
-          "mean@32 - band-kl | pass@32 - band-kl | entropy - band-kl |")  # fmt: skip
-    print("|---" * 9 + "|")
+
+def band_kl_gain(rows: list[dict], final: list[int]) -> float:
+    """band-kl's final mean@32 gain over clip, mean over seeds (the 'share' column's denominator)."""
+    return statistics.fmean(per_seed(rows, "band-kl", "mean@32", final, "clip"))
+
+
+def paired_table(rows: list[dict], methods: list[str], final: list[int]) -> list[str]:
+    """Paired to clip and to band-kl, final, with the share of band-kl's gain and the entropy test."""
+    gain = band_kl_gain(rows, final)
+    lines = ["| method | mean@32 - clip | pass@32 - clip | entropy - clip | share of band-kl gain | entropy kept | "
+             "mean@32 - band-kl | pass@32 - band-kl | entropy - band-kl |", "|---" * 9 + "|"]  # fmt: skip
     for m in methods:
         if m == "clip":
             continue
@@ -84,49 +79,98 @@ def main() -> None:
         to_band = (
             [ms(per_seed(rows, m, k, final, "band-kl"), signed=True) for k in KEYS] if m != "band-kl" else ["", "", ""]
         )
-        print(f"| {m} | " + " | ".join(ms(v, signed=True) for v in to_clip) + f" | {share:.2f} | "
-              f"{'yes' if kept else 'no'} | " + " | ".join(to_band) + " |")  # fmt: skip
+        lines.append(f"| {m} | " + " | ".join(ms(v, signed=True) for v in to_clip) + f" | {share:.2f} | "
+                     f"{'yes' if kept else 'no'} | " + " | ".join(to_band) + " |")  # fmt: skip
+    return lines
 
-    if "band-kl+clip-low" in methods:
-        print("\npaired to the ablation band-kl+clip-low (method - ablation), final:\n")
-        print("| method | mean@32 | pass@32 | entropy |\n|---|---|---|---|")
-        for m in methods:
-            if m.startswith("band-kl-floor") or m == "band-kl-entropy-floor":
-                print(f"| {m} | " + " | ".join(ms(per_seed(rows, m, k, final, "band-kl+clip-low"), True) for k in KEYS)
-                      + " |")  # fmt: skip
 
-    print("\nclip rates per old-probability bin over all of training, pooled over seeds "
-          "(upper among A > 0 | lower among A < 0):\n")  # fmt: skip
-    print("| method | " + " | ".join(name for *_, name in demo.BINS) + " |\n|---|" + "---|" * len(demo.BINS))
+def ablation_table(rows: list[dict], methods: list[str], final: list[int]) -> list[str]:
+    """The floored settings paired to the ablation band-kl+clip-low, final."""
+    lines = ["| method | mean@32 | pass@32 | entropy |", "|---|---|---|---|"]
+    for m in methods:
+        if m.startswith("band-kl-floor") or m == "band-kl-entropy-floor":
+            lines.append(f"| {m} | " + " | ".join(ms(per_seed(rows, m, k, final, "band-kl+clip-low"), True)
+                                                  for k in KEYS) + " |")  # fmt: skip
+    return lines
+
+
+def clip_rates_table(rows: list[dict], methods: list[str]) -> list[str]:
+    """Clip rates per old-probability bin over all of training, pooled over seeds (upper | lower)."""
+    lines = ["| method | " + " | ".join(name for *_, name in demo.BINS) + " |", "|---|" + "---|" * len(demo.BINS)]
     for m in methods:
         rates = demo.pooled_clip_rates(rows, m)
-        print(f"| {m} | " + " | ".join(f"{u:.2f} \\| {lo:.2f}" for u, lo in rates.values()) + " |")
+        lines.append(f"| {m} | " + " | ".join(f"{u:.2f} \\| {lo:.2f}" for u, lo in rates.values()) + " |")
+    return lines
 
-    print("\nfloor-only clips and DPPO truncations, share of all tokens over training (mean over seeds and steps):\n")
+
+def token_shares(rows: list[dict], methods: list[str]) -> list[str]:
+    """Floor-only clips and DPPO truncations, share of all tokens over training (mean over seeds and steps)."""
+    lines = []
     for m in methods:
         for key in ("floor_frac", "truncated_frac"):
             values = [r.get(key, math.nan) for r in rows if r["method"] == m and r["step"] > 0]
             values = [v for v in values if not math.isnan(v)]
             if values:
-                print(f"- {m}: {key} {statistics.fmean(values):.4f}")
+                lines.append(f"- {m}: {key} {statistics.fmean(values):.4f}")
+    return lines
+
+
+def check_line(rows: list[dict], ref: list[dict], reference: str) -> str:
+    """How many of the rows that `ref` also holds (same method, seed, step) equal it on their common columns."""
+    ref_by = {(r["method"], r["seed"], r["step"]): r for r in ref}
+    common = sorted(set(ref[0]) & set(rows[0]))
+    shared = [r for r in rows if (r["method"], r["seed"], r["step"]) in ref_by]
+    same = [
+        all(
+            (r[k] == ref_by[(r["method"], r["seed"], r["step"])][k])
+            or (isinstance(r[k], float) and math.isnan(r[k]) and math.isnan(ref_by[(r["method"], r["seed"],
+                                                                                    r["step"])][k]))
+            for k in common
+        )
+        for r in shared
+    ]  # fmt: skip
+    names = sorted({r["method"] for r in shared})
+    return (f"check against {reference}: {sum(same)} of {len(shared)} shared rows ({', '.join(names)}) "
+            f"equal on the {len(common)} common columns")  # fmt: skip
+
+
+def methods_and_final(rows: list[dict]) -> tuple[list[str], list[int]]:
+    """The run's methods in order and its final steps (the last three evaluations)."""
+    return list(dict.fromkeys(r["method"] for r in rows)), sorted({r["step"] for r in rows})[-3:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("csv", nargs="?", default="studies/band_family/results/metrics.csv")
+    parser.add_argument("--check", default=None)
+    args = parser.parse_args()
+    rows = read(Path(args.csv))
+    methods, final = methods_and_final(rows)
+    seeds = len({r["seed"] for r in rows})
+    print(f"{seeds} seeds, final = mean of rollouts {final}\n")
+
+    print("\n".join(absolute_table(rows, methods, final)))
+
+    gain = band_kl_gain(rows, final)
+    print("\npaired to clip (method - clip) and to band-kl (method - band-kl), final, mean +- sd over seeds;")
+    print(f"'share' = the method's mean@32 gain over clip / band-kl's ({gain:+.3f}); 'entropy kept' = "
+          "|entropy - clip| <= its sd\n")  # fmt: skip
+    print("\n".join(paired_table(rows, methods, final)))
+
+    if "band-kl+clip-low" in methods:
+        print("\npaired to the ablation band-kl+clip-low (method - ablation), final:\n")
+        print("\n".join(ablation_table(rows, methods, final)))
+
+    print("\nclip rates per old-probability bin over all of training, pooled over seeds "
+          "(upper among A > 0 | lower among A < 0):\n")  # fmt: skip
+    print("\n".join(clip_rates_table(rows, methods)))
+
+    print("\nfloor-only clips and DPPO truncations, share of all tokens over training (mean over seeds and steps):\n")
+    for line in token_shares(rows, methods):
+        print(line)
 
     if args.check:
-        ref = read(Path(args.check))
-        ref_by = {(r["method"], r["seed"], r["step"]): r for r in ref}
-        common = sorted(set(ref[0]) & set(rows[0]))
-        shared = [r for r in rows if (r["method"], r["seed"], r["step"]) in ref_by]
-        same = [
-            all(
-                (r[k] == ref_by[(r["method"], r["seed"], r["step"])][k])
-                or (isinstance(r[k], float) and math.isnan(r[k]) and math.isnan(ref_by[(r["method"], r["seed"],
-                                                                                        r["step"])][k]))
-                for k in common
-            )
-            for r in shared
-        ]  # fmt: skip
-        names = sorted({r["method"] for r in shared})
-        print(f"\ncheck against {args.check}: {sum(same)} of {len(shared)} shared rows ({', '.join(names)}) "
-              f"equal on the {len(common)} common columns")  # fmt: skip
+        print("\n" + check_line(rows, read(Path(args.check)), args.check))
 
 
 if __name__ == "__main__":

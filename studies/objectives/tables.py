@@ -18,8 +18,6 @@ import importlib.util
 import math
 from pathlib import Path
 
-from openrlhf_band.tools import demo
-
 ROOT = Path(__file__).resolve().parents[2]
 BAND_FAMILY = ROOT / "studies" / "band_family"
 _spec = importlib.util.spec_from_file_location("band_family_tables", BAND_FAMILY / "tables.py")
@@ -51,30 +49,19 @@ def merged(run_csv: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (rank.get(r["method"], len(ORDER)), r["method"], r["seed"], r["step"]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("csv", nargs="?", default=str(ROOT / "studies" / "objectives" / "results" / "metrics.csv"))
-    parser.add_argument("--write", default=None, help="write the merged rows here (metrics.csv)")
-    args = parser.parse_args()
-    rows = merged(Path(args.csv)) if "band-kl" not in {r["method"] for r in read(Path(args.csv))} else read(
-        Path(args.csv))  # fmt: skip
-    if args.write:
-        fieldnames = list(dict.fromkeys(k for r in rows for k in r))
-        with open(args.write, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=fieldnames, restval="")
-            writer.writeheader()
-            writer.writerows(rows)  # a missing column is empty, a nan "nan", as the demo writes them
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    final = sorted({r["step"] for r in rows})[-3:]
-    seeds = len({r["seed"] for r in rows})
-    print(f"{seeds} seeds, final = mean of rollouts {final}\n")
-    print("| method | mean@32 | pass@32 | entropy (nats) |\n|---|---|---|---|")
-    for m in methods:
-        print(f"| {m} | " + " | ".join(ms(per_seed(rows, m, k, final)) for k in KEYS) + " |")
+PAIRS = [("band-kl-cispo", "cispo"), ("band-kl-floor", "cispo"), ("band-kl-floor", "clip-cov"),
+         ("band-kl-floor", "kl-cov"), ("band-kl-floor", "sapo"), ("band-kl-floor", "gmpo")]  # fmt: skip
 
-    print("\npaired differences, final, mean +- sd over seeds (same seed, warm-up, prompts and sampling noise):\n")
-    print("| method | mean@32 - clip | pass@32 - clip | entropy - clip | mean@32 - band-kl | pass@32 - band-kl | "
-          "entropy - band-kl |\n" + "|---" * 7 + "|")  # fmt: skip
+
+def load(path: Path) -> list[dict]:
+    """A run's rows, merged with the band family's (a run without band-kl), or a merged file as it is."""
+    return merged(path) if "band-kl" not in {r["method"] for r in read(path)} else read(path)
+
+
+def paired_table(rows: list[dict], methods: list[str], final: list[int]) -> list[str]:
+    """Paired differences to clip and to band-kl, final, mean +- sd over seeds: one markdown row per method."""
+    lines = ["| method | mean@32 - clip | pass@32 - clip | entropy - clip | mean@32 - band-kl | pass@32 - band-kl | "
+             "entropy - band-kl |", "|---" * 7 + "|"]  # fmt: skip
     for m in methods:
         if m == "clip":
             continue
@@ -82,21 +69,45 @@ def main() -> None:
         to_band = [""] * 3
         if m != "band-kl":
             to_band = [ms(per_seed(rows, m, k, final, "band-kl"), signed=True) for k in KEYS]
-        print(f"| {m} | " + " | ".join(to_clip + to_band) + " |")
+        lines.append(f"| {m} | " + " | ".join(to_clip + to_band) + " |")
+    return lines
 
-    pairs = [("band-kl-cispo", "cispo"), ("band-kl-floor", "cispo"), ("band-kl-floor", "clip-cov"),
-             ("band-kl-floor", "kl-cov"), ("band-kl-floor", "sapo"), ("band-kl-floor", "gmpo")]  # fmt: skip
-    print("\nhead to head, final (first - second):\n\n| pair | mean@32 | pass@32 | entropy |\n|---|---|---|---|")
-    for a, b in pairs:
+
+def head_to_head_table(rows: list[dict], methods: list[str], final: list[int]) -> list[str]:
+    """The pairs of PAIRS present in the run, final (first - second)."""
+    lines = ["| pair | mean@32 | pass@32 | entropy |", "|---|---|---|---|"]
+    for a, b in PAIRS:
         if a in methods and b in methods:
-            print(f"| {a} - {b} | " + " | ".join(ms(per_seed(rows, a, k, final, b), True) for k in KEYS) + " |")
+            lines.append(f"| {a} - {b} | " + " | ".join(ms(per_seed(rows, a, k, final, b), True) for k in KEYS) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("csv", nargs="?", default=str(ROOT / "studies" / "objectives" / "results" / "metrics.csv"))
+    parser.add_argument("--write", default=None, help="write the merged rows here (metrics.csv)")
+    args = parser.parse_args()
+    rows = load(Path(args.csv))
+    if args.write:
+        fieldnames = list(dict.fromkeys(k for r in rows for k in r))
+        with open(args.write, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fieldnames, restval="")
+            writer.writeheader()
+            writer.writerows(rows)  # a missing column is empty, a nan "nan", as the demo writes them
+    methods, final = band_family.methods_and_final(rows)
+    seeds = len({r["seed"] for r in rows})
+    print(f"{seeds} seeds, final = mean of rollouts {final}\n")
+    print("\n".join(band_family.absolute_table(rows, methods, final)))
+
+    print("\npaired differences, final, mean +- sd over seeds (same seed, warm-up, prompts and sampling noise):\n")
+    print("\n".join(paired_table(rows, methods, final)))
+
+    print("\nhead to head, final (first - second):\n")
+    print("\n".join(head_to_head_table(rows, methods, final)))
 
     print("\nclip rates per old-probability bin over all of training, pooled over seeds (upper among A > 0 | lower "
           "among A < 0; SAPO and KL-Cov have no interval):\n")  # fmt: skip
-    print("| method | " + " | ".join(name for *_, name in demo.BINS) + " |\n|---|" + "---|" * len(demo.BINS))
-    for m in methods:
-        rates = demo.pooled_clip_rates(rows, m)
-        print(f"| {m} | " + " | ".join(f"{u:.2f} \\| {lo:.2f}" for u, lo in rates.values()) + " |")
+    print("\n".join(band_family.clip_rates_table(rows, methods)))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 
 `pairs` runs clip and band-kl seed by seed (a stopped study holds whole pairs), skips runs whose ledger
 entry (results/runs/METHOD-seedS.json, committed) has this study's settings, and stops at the rule
-written in docs/smollm2_study.md#stopping-rule before its first pair (`stopping_rule`). `touch
+written before its first pair (`stopping_rule`; docs/smollm2_study.md, "The stopping rule"). `touch
 out/realmodel/STOP` stops it before its next run. `probe` writes results/probe.json and probe.md.
 Nothing here runs in CI; the design, the predictions and the results are in docs/smollm2_study.md.
 """
@@ -194,8 +194,8 @@ def interval(values: list[float]) -> dict:
 
 
 def stopping_rule(pairs: dict) -> str | None:
-    """The rule written before the first pair (docs/smollm2_study.md#stopping-rule): stop at 12 pairs, or
-    from 4 pairs on once the 95% interval of the paired gain excludes 0 or its half-width is under 0.3 x
+    """The rule written before the first pair (docs/smollm2_study.md, "The stopping rule"): stop at 12 pairs,
+    or from 4 pairs on once the 95% interval of the paired gain excludes 0 or its half-width is under 0.3 x
     clip's mean rise. Returns why it stops, or None."""
     n = pairs["n"]
     if n >= 12:

@@ -9,10 +9,10 @@ clip, Clip-Higher, band-kl, band-kl with the floor 0.8 and CISPO, paired seeds f
 pairs, and skips runs whose summary.json exists: the study resumes where it stopped. Each finished run's
 summary.json is also copied to the ledger, studies/smollm2/results/runs/METHOD-seedI.json (committed),
 and taken from there when out/ lacks it and its settings (run.sh's settings.json) equal this study's:
-the study spans sessions whose machines keep no out/. `touch OUT/STOP` stops it before its next run.
-Pairing: every method of a seed starts from the same model with the same --train.seed (prompt order,
-vLLM's engine seed); vLLM's CPU engine does not repeat its sampling noise, so even the first rollouts
-differ (docs/e2e_cpu.md): compare over seeds. `report` writes summary.txt
+the study can be stopped and resumed on another machine, without the first one's out/. `touch OUT/STOP`
+stops it before its next run. Seed-matched, not paired: every method of a seed starts from the same model
+with the same --train.seed (prompt order, vLLM's engine seed); vLLM's CPU engine does not repeat its
+sampling noise, so even the first rollouts differ (docs/e2e_cpu.md): compare over seeds. `report` writes summary.txt
 (held-out reward and entropy after training, paired differences to clip with sd over seeds, the
 starting model's token bins and each method's first-step clip rate per bin), summary.json, steps.csv
 and curves.png.
@@ -37,8 +37,8 @@ from paired_runs import load_runs, mean_sd, run_pairs, write_steps  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "studies" / "smollm2" / "run.sh"
 LEDGER = ROOT / "studies" / "smollm2" / "results" / "runs"  # finished runs' summary.json, committed as they finish
-#: the compared methods, from the one table of named methods; CISPO is the field's objective that held
-#: up best against the band on the CPU demo (docs/objectives.md)
+#: the compared methods, from the one table of named methods; CISPO is one of the field's objectives
+#: (docs/objectives.md): it bounds the importance weight and keeps every token's gradient
 METHODS = {name: list(METHOD_FLAGS[name]) for name in ("clip", "clip-higher", "band-kl", "band-kl-floor", "cispo")}
 SEED0 = 42
 BIN_NAMES = _BIN_NAMES  # the band's metric bins (band/tokens_<bin>, band/clipped_<bin>)
@@ -186,8 +186,8 @@ def expected_settings(method: str, seed: int, steps: int) -> dict:
 
 def run(out: Path, seeds: int, methods: list[str], steps: int, ledger: Path | None) -> int:
     """The study's runs under `out`. With a ledger (default studies/smollm2/results/runs/, committed), a run
-    finished in an earlier session is taken from it when its settings equal this study's, and each run that
-    finishes here is copied into it: a study of about 4 h spans sessions whose machines keep no out/."""
+    finished earlier (on this machine or another) is taken from it when its settings equal this study's, and
+    each run that finishes here is copied into it: the study resumes on a machine without the earlier out/."""
     chosen = {method: METHODS[method] for method in methods}
 
     def restore(method: str, seed: int, run_dir: Path) -> bool:
@@ -374,7 +374,7 @@ def main() -> int:
     r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     r.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
     r.add_argument("--ledger", default=str(LEDGER),
-                   help="finished runs' summaries kept across sessions (committed); 'none': out/ only")  # fmt: skip
+                   help="finished runs' summaries kept across machines (committed); 'none': out/ only")  # fmt: skip
     p = sub.add_parser("report")
     p.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
     p.add_argument("--docs", type=Path, default=Path("studies/smollm2/results"))

@@ -1,6 +1,7 @@
 """Figures the docs quote from committed data, or compute from the operator, are those values at the
 precision written: the log-prob benchmark's table (bench/results/logprobs_cpu.json), the learning
-study's clip fractions (studies/learn/results/steps.csv), the p below which the kl band's cap binds
+study's clip fractions and per-seed held-out figures (studies/learn/results/steps.csv), the band family's
+floor-only clip shares (studies/band_family/results/metrics.csv), the p below which the kl band's cap binds
 (band_bounds), and every "M min S s (T s)" pair is one duration. Each check is shown to fail."""
 
 from __future__ import annotations
@@ -110,6 +111,61 @@ def test_the_learning_studys_clip_fractions_are_the_committed_steps():
     page, means = flat(ROOT / "docs" / "learn_study.md"), learn_means()
     assert learn_problems(page, means) == []
     assert learn_problems(page.replace("upper 0.020 for band-kl", "upper 0.021 for band-kl"), means)
+
+
+def learn_pass1(step: int) -> dict[tuple[str, int], float]:
+    """(method, seed index) -> OpenRLHF's held-out pass1 at `step`, from steps.csv."""
+    rows = csv.DictReader((ROOT / "studies" / "learn" / "results" / "steps.csv").open())
+    return {(r["method"], int(r["seed"])): float(r["heldout_pass1"]) for r in rows
+            if int(r["step"]) == step and r["heldout_pass1"]}  # fmt: skip
+
+
+def learn_seed_problems(page: str, pass1: dict[tuple[str, int], float]) -> list[str]:
+    """The per-seed step-20 figures the learning study's prose quotes (seed i ran with --train.seed 42 + i)."""
+    problems = []
+    weak, a, b = re.search(
+        r"clip at `--train.seed` 44 reached ([\d.]+), against ([\d.]+) and ([\d.]+) at 42", page
+    ).groups()
+    for text, seed in ((weak, 2), (a, 0), (b, 1)):
+        if not agrees(text, pass1[("clip", seed)]):
+            problems.append(f"clip seed {seed}: {text}")
+    leads = re.search(r"band-kl led clip on each seed \(([-+\d., ]+)\)", page).group(1).split(", ")
+    for seed, text in enumerate(leads):
+        if not agrees(text.lstrip("+"), pass1[("band-kl", seed)] - pass1[("clip", seed)]):
+            problems.append(f"band-kl - clip seed {seed}: {text}")
+    return problems
+
+
+def test_the_learning_studys_per_seed_figures_are_the_committed_steps():
+    page, pass1 = flat(ROOT / "docs" / "learn_study.md"), learn_pass1(20)
+    assert learn_seed_problems(page, pass1) == []
+    assert learn_seed_problems(page.replace("reached 0.246", "reached 0.245"), pass1)
+    assert learn_seed_problems(page.replace("+0.111, +0.211", "+0.113, +0.209"), pass1)
+
+
+# --- docs/band_family.md: the floor's share of clipped tokens, from the committed run ---
+
+
+def floor_fracs() -> dict[str, float]:
+    rows = list(csv.DictReader((ROOT / "studies" / "band_family" / "results" / "metrics.csv").open()))
+    out = {}
+    for method in ("band-kl-floor-0.5", "band-kl-floor-0.7", "band-kl-floor", "band-kl-floor-0.9",
+                   "band-kl-entropy-floor"):  # fmt: skip
+        values = [float(r["floor_frac"]) for r in rows if r["method"] == method and int(r["step"]) > 0]
+        out[method] = statistics.fmean(v for v in values if v == v)
+    return out
+
+
+def floor_problems(page: str, fracs: dict[str, float]) -> list[str]:
+    m = re.search(r"F = 0.5: ([\d.]+), 0.7: ([\d.]+), 0.8: ([\d.]+), 0.9: ([\d.]+); entropy rule with F = 0.8: "
+                  r"([\d.]*\d)", page)  # fmt: skip
+    return [f"{method} {text}" for method, text in zip(fracs, m.groups()) if not agrees(text, fracs[method])]
+
+
+def test_the_floors_share_of_clipped_tokens_is_the_committed_run():
+    page, fracs = flat(ROOT / "docs" / "band_family.md"), floor_fracs()
+    assert floor_problems(page, fracs) == []
+    assert floor_problems(page.replace("0.8: 0.024", "0.8: 0.026"), fracs)
 
 
 # --- docs/band_family.md: where the kl band's cap binds ---

@@ -275,7 +275,7 @@ def _float32_on_cpu(module) -> None:
     A CPU without native bf16 (no AVX512_BF16 / AMX) emulates it: a forward + backward of SmolLM2-135M
     costs ~15x float32's there (217-226 s against 14-15 s, 8 x 128 tokens, measured while planning, not
     recorded here); on one with it bf16 is
-    faster (0.51x, studies/smollm2/results/dtype_cost.json). The study spans sessions on both kinds, so
+    faster (0.51x, studies/smollm2/results/dtype_cost.json). The study runs on both kinds of machine, so
     its runs use the dtype that is usable, and the same, on every CPU: the model's weights
     (convert_to_torch_dtype), DeepSpeed's config (bf16 off: float32) and vLLM's engine all go to float32.
     The tiny model's runs take it only where the CPU would emulate bf16."""

@@ -1,0 +1,127 @@
+"""The tables of docs/learn_study.md (studies/docs_tables.py renders them).
+
+The final and paired tables are studies/learn/results/summary.txt's (what `learn_study.py report` wrote
+from the runs; the runs themselves are not committed), as markdown. The held-out curve tables are
+computed from studies/learn/results/steps.csv's `heldout_pass1` (OpenRLHF's own evaluation,
+`eval/eval_default_pass1`, every 5 steps): its mean over seeds, its paired difference to clip, and each
+seed's value at the last step.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import re
+import statistics
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+_spec = importlib.util.spec_from_file_location("learn_study_for_docs", HERE / "learn_study.py")
+learn_study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learn_study)
+
+CELL = re.compile(r"[+-]?\d+\.\d+ \+- \d+\.\d+")
+SUMMARY = "studies/learn/results/summary.txt"
+STEPS = "studies/learn/results/steps.csv"
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The lines of summary.txt after the line starting with `title`, up to the next blank line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title)) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
+def _rows(section: list[str]) -> list[tuple[str, list[str]]]:
+    """(method, its four "mean +- sd" cells) for each row of a summary.txt section."""
+    out = []
+    for line in section:
+        cells = CELL.findall(line)
+        if cells:
+            out.append((line.split()[0], cells[: len(learn_study.FINAL_KEYS)]))
+    return out
+
+
+def _header() -> list[str]:
+    names = {"entropy": "entropy (nats)"}
+    keys = [names.get(k, k) for k in learn_study.FINAL_KEYS]
+    return ["| method | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+
+
+def final() -> tuple[str, str]:
+    """The checkpoint's held-out numbers, then each method's after the last step, mean +- sd over seeds."""
+    text = (RESULTS / "summary.txt").read_text()
+    checkpoint = next(line for line in text.splitlines() if line.startswith("checkpoint"))
+    start = [re.search(rf"{key} ([\d.]+)", checkpoint).group(1) for key in learn_study.FINAL_KEYS]
+    lines = [*_header(), "| checkpoint | " + " | ".join(start) + " |"]
+    lines += [f"| {m} | " + " | ".join(cells) + " |" for m, cells in _rows(_section(text, "final (after"))]
+    return "\n".join(lines), SUMMARY
+
+
+def paired() -> tuple[str, str]:
+    text = (RESULTS / "summary.txt").read_text()
+    lines = _header()
+    lines += [f"| {m} | " + " | ".join(cells) + " |" for m, cells in _rows(_section(text, "paired difference"))]
+    return "\n".join(lines), SUMMARY
+
+
+def _heldout() -> tuple[list[str], list[int], dict[tuple[str, int, int], float]]:
+    """Methods in order, eval steps, and (method, seed, step) -> heldout_pass1."""
+    values, methods = {}, []
+    for r in csv.DictReader((RESULTS / "steps.csv").open()):
+        methods.append(r["method"])
+        if r["heldout_pass1"]:
+            values[(r["method"], int(r["seed"]), int(r["step"]))] = float(r["heldout_pass1"])
+    return list(dict.fromkeys(methods)), sorted({step for _, _, step in values}), values
+
+
+def _seeds(values: dict, method: str, step: int) -> list[int]:
+    return sorted(seed for m, seed, s in values if m == method and s == step)
+
+
+def curve() -> tuple[str, str]:
+    """Mean held-out pass1 over seeds at each eval step."""
+    methods, steps, values = _heldout()
+    lines = ["| step | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for step in steps:
+        cells = [statistics.fmean(values[(m, s, step)] for s in _seeds(values, m, step)) for m in methods]
+        lines.append(f"| {step} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    return "\n".join(lines), STEPS
+
+
+def curve_paired() -> tuple[str, str]:
+    """Held-out pass1 minus clip's at the same seed and step, mean +- sd over the pairs."""
+    methods, steps, values = _heldout()
+    others = [m for m in methods if m != "clip"]
+    lines = ["| step | " + " | ".join(f"{m} - clip" for m in others) + " |", "|---|" + "---|" * len(others)]
+    for step in steps:
+        cells = []
+        for m in others:
+            pairs = sorted(set(_seeds(values, m, step)) & set(_seeds(values, "clip", step)))
+            cells.append(learn_study.mean_sd([values[(m, s, step)] - values[("clip", s, step)] for s in pairs]))
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), STEPS
+
+
+def last_step_seeds() -> tuple[str, str]:
+    """Each seed's held-out pass1 at the last eval step (seed i ran with --train.seed SEED0 + i)."""
+    methods, steps, values = _heldout()
+    last = steps[-1]
+    seeds = sorted({s for m, s, step in values if step == last})
+    lines = ["| seed (`--train.seed`) | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for seed in seeds:
+        cells = [f"{values[(m, seed, last)]:.3f}" if (m, seed, last) in values else "" for m in methods]
+        lines.append(f"| {seed} ({learn_study.SEED0 + seed}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines), STEPS
+
+
+TABLES = {
+    "learn-final": final,
+    "learn-paired": paired,
+    "learn-curve": curve,
+    "learn-curve-paired": curve_paired,
+    "learn-last-step-seeds": last_step_seeds,
+}
