@@ -130,15 +130,17 @@ def pairs_row() -> str:
     reward, entropy = study.paired_gains("sampled_reward"), study.paired_gains("exact_entropy")
 
     def cell(g: dict, unit: str) -> str:
-        if g["n"] < 2:
-            return f"{g['n']} pair{'s' if g['n'] != 1 else ''} so far: not resolved"
+        if g["n"] == 0:
+            return "no pair yet"
+        if g["n"] == 1:
+            return f"{g['mean']:+.3f}{unit} (one pair, no interval): not resolved"
         return f"{pm(g['mean'], g['sd'])}{unit}: {verdict(g['mean'], g['sd'], g['n'], 'held', 'the opposite')}"
 
     rule = study.stopping_rule(reward)
     state = f"stopping rule met: {rule}" if rule else "running to its stopping rule (4 to 12 pairs)"
     return (f"| [SmolLM2, exactly paired GRPO loop, 12 steps, spell_backward](docs/smollm2_study.md#results) "
             f"| sampled reward {cell(reward, '')} | exact entropy {cell(entropy, ' nats')} "
-            f"| {reward['n']} pairs; {state} |")  # fmt: skip
+            f"| {reward['n']} pair{'' if reward['n'] == 1 else 's'}; {state} |")  # fmt: skip
 
 
 def findings() -> tuple[str, str]:
