@@ -201,8 +201,8 @@ def missing_module_hint(command: str, err: ModuleNotFoundError) -> str | None:
     top = (err.name or "").split(".")[0]
     if top in _EXTRA_OF_MODULE:
         extra = _EXTRA_OF_MODULE[top]
-        return (f"openrlhf-band {command} needs {top}, which is not installed: "
-                f"pip install 'openrlhf-band[{extra}]' (from a checkout: pip install -e '.[{extra}]')")  # fmt: skip
+        return (f"openrlhf-band {command} needs {top}, which is not installed: the extra '{extra}' "
+                f"(in the checkout: pip install -e '.[{extra}]')")  # fmt: skip
     if top in _TRAINING_MODULES:
         return (f"openrlhf-band {command} needs {top}, part of the training environment (OpenRLHF 0.11.2 patched, "
                 "transformers, DeepSpeed, Ray), which is not installed: `make venv` builds it on a CPU, the "

@@ -20,11 +20,11 @@ SUPPORT = ROOT / "tests" / "support"
 
 WORKS = [["--help"], ["bounds"], ["bounds", "--divergence", "chi2", "--p", "0.01", "0.5"], ["python-api"]]
 NEEDS_MORE = {  # argv -> what the one line must tell the user to install
-    ("plot-bounds",): "openrlhf-band[plot]",
-    ("prepare-data", "--source", "reasoning-gym"): "openrlhf-band[tasks]",
-    ("results",): "openrlhf-band[results]",
-    ("bench", "reward", "--workers", "1", "--responses", "2"): "openrlhf-band[tasks]",
-    ("bench", "code-sandbox"): "openrlhf-band[tasks]",
+    ("plot-bounds",): "-e '.[plot]'",
+    ("prepare-data", "--source", "reasoning-gym"): "-e '.[tasks]'",
+    ("results",): "-e '.[results]'",
+    ("bench", "reward", "--workers", "1", "--responses", "2"): "-e '.[tasks]'",
+    ("bench", "code-sandbox"): "-e '.[tasks]'",
     ("demo", "--quick"): "make venv",
     ("prepare-model", "smollm2-135m-instruct"): "make venv",
     ("check-args", "--", "--actor.model_name_or_path", "x"): "make venv",
@@ -90,10 +90,10 @@ def test_each_extra_named_holds_the_missing_modules_distribution(bare):
     extras = setup_extras()
     for result in bare["results"]:
         line = result["stderr"]
-        if "openrlhf-band[" not in line:
+        if "-e '.[" not in line:
             continue
         module = line.split(" needs ", 1)[1].split(",", 1)[0]
-        extra = line.split("openrlhf-band[", 1)[1].split("]", 1)[0]
+        extra = line.split("-e '.[", 1)[1].split("]", 1)[0]
         assert any(req.startswith(DISTRIBUTION[module]) for req in extras[extra]), (module, extra, extras[extra])
 
 
