@@ -61,9 +61,10 @@ $(E2E_STAMP): requirements/cpu-lock.txt requirements/e2e-lock.txt setup.py $(PAT
 
 # The learning study's task and warm-up checkpoint in LEARN_DIR (studies/learn/warmup.sh): the task's files are
 # written here, the checkpoint is the committed one (studies/learn/checkpoint/, made by OpenRLHF's own train_sft
-# on the fork task: 5-17 min on 2 cores, which the suite no longer spends). learn-checkpoint-rebuild makes it again
-# with train_sft and commits nothing: its test compares the rebuilt checkpoint's held-out numbers with the committed
-# ones (tests/e2e/test_learn_checkpoint.py; docs/learn_study.md#the-task-the-checkpoint-the-runs).
+# on the fork task: 3-17 min on the CPUs it was timed on, which the suite no longer spends).
+# learn-checkpoint-rebuild makes it again with train_sft and commits nothing: its test compares the rebuilt
+# checkpoint's held-out numbers with the committed ones (tests/e2e/test_learn_checkpoint.py;
+# docs/learn_study.md#the-task-the-checkpoint-the-runs).
 LEARN_DIR ?= $(E2E_VENV)/learn
 learn-checkpoint: $(E2E_STAMP)
 	bash studies/learn/warmup.sh $(LEARN_DIR)

