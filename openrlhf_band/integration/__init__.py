@@ -8,7 +8,7 @@ This package is the one import path of the patch set: the patched OpenRLHF files
 re-exported here, so moving code inside openrlhf_band never changes the patches.
 
 Names are imported on first use (PEP 562): the loss and its flags need only torch, while the
-stand-ins in `compat` need einops and transformers, which a bare `pip install openrlhf-band` lacks.
+stand-ins in `compat` need einops and transformers, which a bare `pip install -e .` lacks.
 """
 
 from __future__ import annotations

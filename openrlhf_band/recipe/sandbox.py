@@ -305,7 +305,8 @@ _FIXES = (
     "the code reward runs model-written programs in Linux user namespaces (util-linux unshare). Fixes: "
     "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 on Debian/Ubuntu kernels, "
     "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04, user.max_user_namespaces > 0); in Docker, "
-    "run with --security-opt seccomp=unconfined (the default profile blocks unshare) or --privileged; "
+    "run with --security-opt seccomp=unconfined (the default profile blocks unshare) and --security-opt "
+    "systempaths=unconfined (masked /proc paths make mounting a new /proc fail), or --privileged; "
     f"or accept the weaker mode with {MODE_ENV}=rlimits (no filesystem, network or process isolation; "
     "docs/tasks.md)"
 )

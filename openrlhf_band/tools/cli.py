@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# What a bare `pip install openrlhf-band` (torch and numpy) lacks, by the top-level module a subcommand
+# What a bare install (`pip install -e .`: torch and numpy) lacks, by the top-level module a subcommand
 # imports when it runs, and the one line that says how to get it. setup.py's extras hold these names.
 _EXTRA_OF_MODULE = {
     "matplotlib": "plot",

@@ -4,7 +4,7 @@
 # fits the noisy fork-task data of studies/learn/learn_task.py into a tiny random Qwen2.
 #
 #   bash studies/learn/warmup.sh DIR                  (make learn-checkpoint: DIR = .venv-e2e/learn)
-#   LEARN_REBUILD=1 bash studies/learn/warmup.sh DIR  (train_sft makes the checkpoint again: 5-17 min on 2 cores)
+#   LEARN_REBUILD=1 bash studies/learn/warmup.sh DIR  (train_sft makes the checkpoint again: 3-17 min on 2 cores)
 #
 # Writes DIR/base (the random model and the tokenizer), DIR/{sft,train,heldout}.jsonl, DIR/reward.py,
 # DIR/checkpoint (the Hugging Face model), DIR/checkpoint_eval.json (the checkpoint's own held-out

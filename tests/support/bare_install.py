@@ -1,4 +1,4 @@
-"""Run the CLI and the API as a bare `pip install openrlhf-band` has them: only torch, numpy, what torch
+"""Run the CLI and the API as a bare `pip install -e .` has them: only torch, numpy, what torch
 itself requires, and the standard library import; every other top-level module raises
 ModuleNotFoundError as if it were not installed (a meta-path finder placed before all others).
 
@@ -19,7 +19,7 @@ import sys
 
 def installed_with(*roots: str) -> set[str]:
     """The top-level import names of the distributions `roots` and everything they require (their
-    markers evaluated here, no extras): what `pip install openrlhf-band` brings besides the package."""
+    markers evaluated here, no extras): what `pip install -e .` brings besides the package."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
