@@ -158,4 +158,10 @@ def findings() -> tuple[str, str]:
     return "\n".join(lines), sources
 
 
-TABLES = {"findings": findings}
+def findings_in_docs() -> tuple[str, str]:
+    """The same table for a page under docs/ (its links relative to docs/)."""
+    markdown, sources = findings()
+    return markdown.replace("](docs/", "]("), sources
+
+
+TABLES = {"findings": findings, "findings-in-docs": findings_in_docs}
