@@ -9,38 +9,29 @@ rows read their ledgers. "resolved" means the two-sided 95% Student t interval o
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "studies"))
+
+import docs_tables  # noqa: E402  (studies/ is not a package: the generator's one loader of renderer modules)
 
 from openrlhf_band.tools.demo import DemoConfig, paired_differences  # noqa: E402
 
-#: two-sided 95% Student t quantiles by degrees of freedom (as studies/realmodel/study.py)
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201}
 
-
-def _load(relative: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str((ROOT / relative).parent))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    return module
+def _renderer(study: str):
+    """A study's doc_tables module, the same loaded copy the generator renders from."""
+    return docs_tables.load_module(f"studies/{study}/doc_tables.py")
 
 
 def verdict(mean: float, sd: float, n: int, higher: str, lower: str) -> str:
     if n < 2 or math.isnan(sd):
         return "not resolved"
-    half = T95[n - 1] * sd / math.sqrt(n)
+    half = _renderer("realmodel").study.T95.get(n - 1, 1.96) * sd / math.sqrt(n)
     if mean - half > 0:
         return higher
     return lower if mean + half < 0 else "not resolved"
@@ -70,10 +61,8 @@ def demo_row(path: Path, method: str, label: str, link: str) -> str:
 
 
 def learn_row() -> str:
-    text = (ROOT / "studies" / "learn" / "results" / "summary.txt").read_text()
-    line = next(x for x in text.split("paired difference to clip", 1)[1].splitlines() if x.startswith("band-kl "))
-    (m1, s1), *_, (m2, s2) = [(float(a), float(b)) for a, b in re.findall(r"([+-]\d\.\d+) \+- (\d\.\d+)", line)]
-    n = int(re.search(r"\((\d+) pairs\)", line).group(1))
+    to_clip, n = _renderer("learn").paired_to_clip("band-kl")
+    (m1, s1), (m2, s2) = to_clip["mean_reward"], to_clip["entropy"]
     claim1 = f"held-out exact match {pm(m1, s1)}: {verdict(m1, s1, n, 'held', 'the opposite')}"
     claim2 = f"{pm(m2, s2)} nats: {verdict(m2, s2, n, 'held', 'the opposite')}"
     return (f"| [real `train_ppo_ray`, tiny model from an SFT checkpoint, 20 steps](docs/learn_study.md) "
@@ -81,7 +70,7 @@ def learn_row() -> str:
 
 
 def smollm2_row() -> str:
-    study = _load("studies/smollm2/study.py", "findings_smollm2_study")
+    study = _renderer("smollm2")._study()
     runs = study.ledger_runs(study.LEDGER)
     clip, band = runs["clip"], runs["band-kl"]
     seeds = sorted(set(clip) & set(band))
@@ -128,7 +117,7 @@ def probe_row() -> str:
 
 
 def pairs_row() -> str:
-    study = _load("studies/realmodel/study.py", "findings_realmodel_study")
+    study = _renderer("realmodel").study
     reward, entropy = study.paired_gains("sampled_reward"), study.paired_gains("exact_entropy")
 
     def cell(g: dict, unit: str) -> str:

@@ -40,8 +40,11 @@ Renderer = Callable[[], tuple[str, str]]
 
 
 def load_module(relative: str):
+    """The module at ROOT/relative, loaded once (a renderer may use another's module through this)."""
     path = ROOT / relative
     name = "docs_tables_" + relative.replace("/", "_").removesuffix(".py")
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look a module up by name

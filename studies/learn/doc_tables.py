@@ -61,6 +61,14 @@ def final() -> tuple[str, str]:
     return "\n".join(lines), SUMMARY
 
 
+def paired_to_clip(method: str) -> tuple[dict[str, tuple[float, float]], int]:
+    """`method`'s paired difference to clip from summary.txt: FINAL_KEYS key -> (mean, sd), and the pairs."""
+    text = (RESULTS / "summary.txt").read_text()
+    line = next(x for x in _section(text, "paired difference") if x.split()[0] == method)
+    cells = [tuple(float(v) for v in c.split(" +- ")) for c in CELL.findall(line)[: len(learn_study.FINAL_KEYS)]]
+    return dict(zip(learn_study.FINAL_KEYS, cells)), int(re.search(r"\((\d+) pairs\)", line).group(1))
+
+
 def paired() -> tuple[str, str]:
     text = (RESULTS / "summary.txt").read_text()
     lines = _header()

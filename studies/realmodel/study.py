@@ -164,7 +164,7 @@ def paired_gains(outcome: str = "sampled_reward") -> dict:
 
 
 #: two-sided 95% Student t quantiles by degrees of freedom
-_T95 = {
+T95 = {
     1: 12.706,
     2: 4.303,
     3: 3.182,
@@ -189,7 +189,7 @@ def interval(values: list[float]) -> dict:
     if n < 2:
         return {"n": n, "mean": values[0] if values else None, "sd": None, "ci95": None}
     mean, sd = statistics.fmean(values), statistics.stdev(values)
-    half = _T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    half = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
     return {"n": n, "mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
 
 
