@@ -19,7 +19,8 @@
 #   SEED             training seed            (default 42; the paper repeats 3 seeds)
 #   NNODES           nodes                    (default 1)
 #   GPUS_PER_NODE    GPUs per node            (default 8)
-#   VLLM_TP          vLLM tensor parallel size (default 1; engines = NNODES * GPUS_PER_NODE / VLLM_TP)
+#   VLLM_TP          vLLM tensor parallel size (default 1; engines = NNODES * GPUS_PER_NODE / VLLM_TP, with ASYNC=1
+#                    NNODES * ROLLOUT_GPUS_PER_NODE / VLLM_TP)
 #   RAY_ADDRESS      a Ray dashboard address (http://HEAD:8265): submit with `ray job submit`
 #                    (multi-node: `ray start --head` on the head, `ray start --address HEAD:6379`
 #                    on the others; docs/recipe.md#multi-node); unset: run train_ppo_ray here (it
@@ -34,6 +35,14 @@
 #   FUSED_LOGPROBS=0 OpenRLHF's released forward (full float32 logits) instead of --ds.fused_logprobs
 #   SLEEP_MODE=0     no --vllm.enable_sleep --ds.enable_sleep: engines and training keep their memory
 #                    between phases (a GPU with room for both, or a platform without sleep mode)
+#   ASYNC=1          asynchronous training (--train.async_enable): vLLM samples the next batch while this one
+#                    trains, with ASYNC_QUEUE batches in flight (default 1), the vLLM train/rollout IS correction
+#                    per token (mask mode; it also logs band/behaviour_*) and sleep mode off (OpenRLHF refuses
+#                    it in async mode); PARTIAL_ROLLOUT=1 adds --train.partial_rollout_enable (vLLM pauses for
+#                    the weight sync, so a reply may hold tokens of two weight versions). The band stays
+#                    centred on the actor's own log-probs: docs/training.md#asynchronous-training-where-the-band-is-centred.
+#                    Training and vLLM then run at once on separate GPUs: ROLLOUT_GPUS_PER_NODE of each node's
+#                    GPUS_PER_NODE go to vLLM (default half), the rest to the actor and the reference
 #   DRY_RUN=1        validate the full argument list with `openrlhf-band check-args` and exit
 #   EXTRA_ARGS       appended to the argument list verbatim (word-split)
 #   ATTN             flash_attention_2 (with --ds.packing_samples) or sdpa (without); default: the
@@ -54,7 +63,19 @@ launch() {
   local nnodes="${NNODES:-1}"
   local gpus="${GPUS_PER_NODE:-8}"
   local vllm_tp="${VLLM_TP:-1}"
-  local engines=$(( nnodes * gpus / vllm_tp ))
+  # synchronous (the hybrid engine): training and vLLM take turns on every GPU. Asynchronous: they run at once, so
+  # the GPUs are split, ROLLOUT_GPUS_PER_NODE of each node to vLLM and the rest to training (as OpenRLHF's own
+  # async examples: half and half)
+  local train_gpus="$gpus" rollout_gpus="$gpus"
+  if [[ "${ASYNC:-0}" == 1 ]]; then
+    rollout_gpus="${ROLLOUT_GPUS_PER_NODE:-$(( gpus / 2 ))}"
+    train_gpus=$(( gpus - rollout_gpus ))
+    if (( rollout_gpus < 1 || train_gpus < 1 )); then
+      echo "[$METHOD] ASYNC=1 splits each node's GPUS_PER_NODE=$gpus between vLLM (ROLLOUT_GPUS_PER_NODE=$rollout_gpus) and training: both need at least one" >&2
+      return 2
+    fi
+  fi
+  local engines=$(( nnodes * rollout_gpus / vllm_tp ))
   # Absolute paths: a job submitted to a cluster runs in Ray's copy of the working directory, where a
   # relative path would read and write somewhere the user never looks (and not on every node).
   # (-s: a symbolic link keeps its own name, which the upload's excludes need; the image's runs is one)
@@ -93,11 +114,23 @@ launch() {
   if [[ "${SLEEP_MODE:-1}" == 0 ]]; then
     sleep_args=()
   fi
+  local async_args=()
+  if [[ "${ASYNC:-0}" == 1 ]]; then
+    sleep_args=()  # train_ppo_ray asserts that async training runs without sleep mode
+    async_args=(--train.async_enable --train.async_queue_size "${ASYNC_QUEUE:-1}"
+                --algo.advantage.is_correction_level token --algo.advantage.is_correction_mode mask)
+    if [[ "${PARTIAL_ROLLOUT:-0}" == 1 ]]; then
+      async_args+=(--train.partial_rollout_enable)
+    fi
+  elif [[ "${PARTIAL_ROLLOUT:-0}" == 1 ]]; then
+    echo "[$METHOD] PARTIAL_ROLLOUT=1 needs ASYNC=1: partial rollouts are a mode of OpenRLHF's asynchronous trainer" >&2
+    return 2
+  fi
 
   local args=(
     --actor.model_name_or_path "$model"
-    --actor.num_nodes "$nnodes" --actor.num_gpus_per_node "$gpus"
-    --ref.num_nodes "$nnodes" --ref.num_gpus_per_node "$gpus"
+    --actor.num_nodes "$nnodes" --actor.num_gpus_per_node "$train_gpus"
+    --ref.num_nodes "$nnodes" --ref.num_gpus_per_node "$train_gpus"
     --vllm.num_engines "$engines" --vllm.tensor_parallel_size "$vllm_tp"
     --vllm.gpu_memory_utilization 0.6 "${sleep_args[@]}"
     --train.colocate_all --ds.zero_stage 3 --ds.param_dtype bf16
@@ -106,6 +139,7 @@ launch() {
     # (openrlhf_band.ops.fused_linear_logprobs): no [batch, seq, vocab] float32 logits. Not yet measured
     # on a GPU; FUSED_LOGPROBS=0 runs OpenRLHF's released forward instead.
     "${fused_args[@]}"
+    "${async_args[@]}"
     # GRPO with the paper's batch shape: 256 prompts x 16 samples, 4 optimizer steps per rollout
     --algo.advantage.estimator group_norm
     --rollout.batch_size 256 --rollout.n_samples_per_prompt 16

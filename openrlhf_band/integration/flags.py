@@ -313,6 +313,23 @@ def band_loss_kwargs(args) -> dict:
     return kwargs
 
 
+def rollout_config(args) -> dict:
+    """How the samples the loss sees were made: synchronous or asynchronous (queue size, partial
+    rollouts), and the train/rollout IS correction. The loss's pi_old (the band's centre) is always the
+    actor's log-probs recomputed when the experience is made; asynchronously the sampler lags it by up
+    to queue-size rollouts (docs/training.md#asynchronous-training-where-the-band-is-centred)."""
+    train, advantage = args.train, args.algo.advantage
+    config = {
+        "async": train.async_enable,
+        "async_queue_size": train.async_queue_size if train.async_enable else None,
+        "partial_rollout": train.partial_rollout_enable,
+        "is_correction_level": advantage.is_correction_level,
+    }
+    if advantage.is_correction_level != "off":
+        config["is_correction_mode"] = advantage.is_correction_mode
+    return config
+
+
 def resolved_loss_config(args) -> dict:
     """The loss configuration a training run will use, as plain JSON-able values: only what is in
     effect (the band ignores the clip eps; DCPO ignores the trust region's divergence and delta)."""
@@ -332,6 +349,7 @@ def resolved_loss_config(args) -> dict:
             "packing_samples": args.ds.packing_samples,
         },
         "fused_logprobs": fused_logprobs_config(args),  # a memory option, reported beside the loss's
+        "rollout": rollout_config(args),
     }
     loss = args.actor.policy_loss_type
     if loss not in ("ppo", "gspo", "band"):

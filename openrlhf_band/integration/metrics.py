@@ -28,6 +28,7 @@ def band_metrics(
     *,
     floor: bool = False,
     truncated: Tensor | None = None,
+    rollout_log_probs: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """0-d float32 metrics, each a mean over the unmasked tokens, so that OpenRLHF's token-weighted
     all-reduce over micro-batches and ranks gives the exact value over the whole step:
@@ -49,7 +50,14 @@ def band_metrics(
         train/rollout mismatch filter of --algo.advantage.is_correction_*);
     band/delta_mean, band/delta_sq_mean: mean radius and mean squared radius over the tokens (when a
         radius is given: not for bounds_fn rules such as DCPO); with a per-token radius the spread
-        is sqrt(delta_sq_mean - delta_mean^2), both exact after the reduction.
+        is sqrt(delta_sq_mean - delta_mean^2), both exact after the reduction;
+    band/behaviour_outside_frac, band/behaviour_abs_log_ratio (with the sampler's log-probs, which
+        OpenRLHF passes when --algo.advantage.is_correction_level is on): the band is centred on
+        pi_old, the actor's own log-probs recomputed when the experience was made, not on the
+        policy that sampled the tokens (vLLM's, mu: the same weights up to the engine's arithmetic
+        in synchronous training, older ones in asynchronous training). Share of tokens whose
+        sampler ratio mu / pi_old lies outside [r_low, r_up], and the mean |log mu - log pi_old|
+        (nats): how far the sampler already stood from the band's centre.
 
     Args:
         out: `band_token_loss(..., return_bounds=True)`'s output for (B, T) (or any shape) tokens.
@@ -59,6 +67,9 @@ def band_metrics(
             (B,); a 1-D radius of length B is per sequence also when B == T.
         floor: a lower floor was on (report band/clip_frac_floor from out.floor_clipped).
         truncated: bool, the input's shape: where the ratio truncation acted (band/truncated_frac).
+        rollout_log_probs: log mu, the sampler's log-probs of the same tokens, the input's shape
+            (band/behaviour_*); what a masked position holds (an agent's environment tokens hold
+            0.0) never reaches them.
     """
     mask = torch.ones_like(out.loss, dtype=torch.bool) if action_mask is None else action_mask != 0
     count = mask.sum().clamp(min=1)
@@ -87,6 +98,12 @@ def band_metrics(
         d = d.expand(out.loss.shape)
         metrics["band/delta_mean"] = share(d)
         metrics["band/delta_sq_mean"] = share(d * d)
+    if rollout_log_probs is not None:
+        # in log space, so that no ratio overflows and a lower bound of 0 (log -inf) or no cap (+inf) compare exactly
+        gap = torch.where(mask, rollout_log_probs.detach().float() - old_log_probs.detach().float(), 0.0)
+        outside = (gap < torch.log(out.lower.float())) | (gap > torch.log(out.upper.float()))
+        metrics["band/behaviour_outside_frac"] = share(outside)
+        metrics["band/behaviour_abs_log_ratio"] = share(gap.abs())
     p = old_log_probs.detach().float().exp()
     for name, lo, hi in zip(_BIN_NAMES, METRIC_PROB_BINS[:-1], METRIC_PROB_BINS[1:]):
         in_bin = (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))

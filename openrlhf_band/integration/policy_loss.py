@@ -236,8 +236,9 @@ class BandPolicyLoss(nn.Module):
             log_ratio = (log_probs.detach().float() - old_log_probs.float()).clamp(-20.0, 20.0)
             truncated = ~(clipped | out.dual_clipped) & (log_ratio.exp() > band.ratio_truncation)
         self.band_metrics = band_metrics(
-            out, old_log_probs, action_mask, delta=delta, floor=band.lower_floor is not None, truncated=truncated
-        )
+            out, old_log_probs, action_mask, delta=delta, floor=band.lower_floor is not None, truncated=truncated,
+            rollout_log_probs=rollout_log_probs,
+        )  # fmt: skip
         self.band_metrics.update(adaptive_metrics)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
 

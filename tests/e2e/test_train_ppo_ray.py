@@ -3,7 +3,8 @@ training, weights back to vLLM after every step, through studies/cpu_engine/trai
 
 Each run costs about a minute, so runs are shared between the tests that read them (session-scoped
 fixtures) and combine what they can: the chi2 run also carries the clipping and weight-sync checks,
-the kl run dual-clip and the vLLM IS correction, the controller's pair the checkpoint resume.
+the kl run dual-clip and the vLLM IS correction, the controller's pair the checkpoint resume, the DPPO
+and floor runs the asynchronous trainer (the floor run with partial rollouts).
 """
 
 from __future__ import annotations
@@ -582,21 +583,28 @@ def test_controller_runs_every_step_and_resumes_from_its_saved_radius(controller
 
 
 # --- the lower floor and DPPO ------------------------------------------------------------------------
+# The asynchronous trainer (PPOTrainerAsync) rides on two of these runs, with the per-token IS correction so
+# that the loss sees vLLM's log-probs: band-CISPO with the floor also with partial rollouts, DPPO without.
+ASYNC_ARGS = ("--train.async_enable", "--algo.advantage.is_correction_level", "token")
+
+
 @pytest.fixture(scope="session")
 def floor_run(e2e_root) -> Run:
     """The kl band with the lower floor as CISPO's bounds (the band driving another objective; the
-    floor's flag as the README spells it)."""
+    floor's flag as the README spells it), trained asynchronously with partial rollouts."""
     return trained(e2e_root / "floor", "--loss", "cispo", "--actor.cispo.bounds", "band",
-                   "--actor.band.lower_floor", "0.8")  # fmt: skip
+                   "--actor.band.lower_floor", "0.8", *ASYNC_ARGS, "--algo.advantage.is_correction_mode", "mask",
+                   "--train.partial_rollout_enable")  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def dppo_run(e2e_root) -> Run:
-    """DPPO-TV, with the fused lm_head log-probs and the entropy computed (one run for both: each
-    run costs a minute or two of start-up)."""
+    """DPPO-TV, with the fused lm_head log-probs and the entropy computed, trained asynchronously (one run
+    for all three: each run costs a minute or two of start-up)."""
     return trained(
         e2e_root / "dppo-tv", "--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv",
         "--band_delta", "0.15", "--ds.fused_logprobs", "--actor.entropy_coef", "0",
+        *ASYNC_ARGS, "--algo.advantage.is_correction_mode", "clip",
     )  # fmt: skip
 
 
@@ -626,6 +634,49 @@ def test_dppo_tv_trains_through_the_real_engine(dppo_run):
     for step, ratio in scalars["train/ppo_clip_ratio"].items():  # DPPO's masked share, both sides
         upper, lower = series["train/band/clip_frac_upper"][step], series["train/band/clip_frac_lower"][step]
         assert ratio == pytest.approx(upper + lower, rel=1e-6, abs=1e-9), step
+
+
+# --- asynchronous training: where the band is centred (training.md#asynchronous-training-where-the-band-is-centred)
+# The band's pi_old is the actor's own log-probs, recomputed when the experience is made; vLLM's log-probs
+# (mu, the sampler's) reach the loss with the IS correction, and band/behaviour_abs_log_ratio is their mean
+# distance. Synchronously (kl_run) vLLM samples with the weights the actor has: the distance is the engine's
+# arithmetic alone, at every step. Asynchronously vLLM samples the next batch while this one trains, so from
+# step 2 on the sampler is one rollout (4 optimizer steps at lr 1e-4) behind the centre.
+# What separates the two is a floor on the distance: above the synchronous run's largest (the engine's
+# arithmetic, measured side by side in the same dtype) by LAG_FACTOR, and at least LAG_NATS. A lag of 4
+# optimizer steps moved the sampler 0.26-0.48 nats from the centre in the runs that set these (2026-12-05,
+# bf16, where the synchronous distance was 0.013-0.017; float32 runs, on CPUs without bf16, not measured).
+LAG_NATS, LAG_FACTOR = 0.1, 5.0
+
+
+def test_async_training_keeps_the_band_on_the_actor_and_measures_the_samplers_lag(kl_run, dppo_run, floor_run):
+    behaviour = {}
+    for name, run in {"sync": kl_run, "async": dppo_run, "partial": floor_run}.items():
+        scalars = run.scalars()
+        distance, outside = scalars["train/band/behaviour_abs_log_ratio"], scalars["train/band/behaviour_outside_frac"]
+        assert sorted(distance) == sorted(outside) == list(range(1, STEPS + 1)), (name, distance)
+        assert all(0.0 <= v <= 1.0 for v in outside.values()), (name, outside)
+        # OpenRLHF's own vllm_kl is the signed mean of the same differences (its IS correction compares vLLM's
+        # log-probs with the same pi_old the band is built on): never above our mean distance
+        for step, kl in scalars["train/vllm_kl"].items():
+            assert abs(kl) <= distance[step] * (1 + 1e-5) + 1e-7, (name, step, kl, distance[step])
+        behaviour[name] = distance, outside
+    assert "ppo_trainer_async" not in kl_run.log
+    for run in (dppo_run, floor_run):
+        assert "ppo_trainer_async.py" in run.log  # PPOTrainerAsync trained them
+    # partial rollouts: vLLM paused for every weight sync (one a step) instead of waiting for the batch
+    assert floor_run.log.count("setting pause state to PAUSED_ALL") == STEPS
+    assert "setting pause state" not in dppo_run.log
+    sync_distance, sync_outside = behaviour["sync"]
+    floor = max(LAG_NATS, LAG_FACTOR * max(sync_distance.values()))  # every synchronous step, after every sync
+    for name in ("async", "partial"):
+        distance, outside = behaviour[name]
+        print(f"\n{name}: |log mu - log pi_old| by step {distance}, sampled outside the band {outside}; "
+              f"synchronous {sync_distance}, {sync_outside}")  # fmt: skip
+        assert distance[1] < floor, (name, distance)  # the first batch: sampled with the weights the actor has
+        for step in range(2, STEPS + 1):  # sampled one rollout behind the weights the band is centred on
+            assert distance[step] > floor, (name, step, distance, floor)
+            assert outside[step] > max(outside[1], *sync_outside.values()), (name, step, outside, sync_outside)
 
 
 # --- the field's objectives (openrlhf_band/objectives) ----------------------------------------------------

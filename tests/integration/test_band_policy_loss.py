@@ -118,11 +118,12 @@ def test_metrics_reduce_exactly_under_token_weighted_averaging():
     a, b = make_batch(seed=5, batch=3), make_batch(seed=6, batch=5)
     loss_fn = BandPolicyLoss(backend="torch", divergence="kl")
     parts = []
-    for log_probs, old, _, adv, mask in (a, b):
-        loss_fn(log_probs, old, adv, action_mask=mask)
+    for log_probs, old, rollout, adv, mask in (a, b):
+        loss_fn(log_probs, old, adv, action_mask=mask, rollout_log_probs=rollout)
         parts.append((loss_fn.band_metrics, mask.sum()))
     whole = [torch.cat([x[i].detach() for x in (a, b)]) for i in range(5)]
-    loss_fn(whole[0], whole[1], whole[3], action_mask=whole[4])
+    loss_fn(whole[0], whole[1], whole[3], action_mask=whole[4], rollout_log_probs=whole[2])
+    assert "band/behaviour_outside_frac" in loss_fn.band_metrics
     for key, value in loss_fn.band_metrics.items():
         reduced = sum(m[key] * w for m, w in parts) / sum(w for _, w in parts)
         torch.testing.assert_close(reduced, value, msg=key)
@@ -136,12 +137,58 @@ def test_the_training_pages_metrics_table_lists_exactly_the_emitted_keys():
     section = page[page.index("\n## Metrics") :].split("\n## ", 2)[1]
     table = [line for line in section.splitlines() if line.startswith("| `band/")]
     documented = {key for line in table for key in re.findall(r"`(band/[^`]+)`", line.split(" | ")[0])}
-    log_probs, old, _, adv, mask = make_batch(seed=3)
+    log_probs, old, rollout, adv, mask = make_batch(seed=3)
     loss_fn = BandPolicyLoss(  # every key it can emit
         backend="torch", adaptive="entropy", target_entropy=1.0, lower_floor=0.8, ratio_truncation=3.0
     )
-    loss_fn(log_probs, old, adv, action_mask=mask, entropy=torch.rand_like(old))
+    loss_fn(log_probs, old, adv, action_mask=mask, entropy=torch.rand_like(old), rollout_log_probs=rollout)
     assert documented == set(loss_fn.band_metrics)
+
+
+@pytest.mark.parametrize("policy_loss_type", ["band", "cispo"])
+def test_behaviour_metrics_measure_the_sampler_against_the_bands_centre(policy_loss_type):
+    """band/behaviour_*: the sampler's ratio mu / pi_old against the bounds the loss used (pi_old's), and
+    the mean |log mu - log pi_old|; masked positions (an agent's environment tokens) never reach them."""
+    log_probs, old, _, adv, mask = make_batch(seed=11)
+    gen = torch.Generator().manual_seed(12)
+    rollout = old + 0.4 * torch.randn(old.shape, generator=gen)  # a sampler some steps behind
+    loss_fn = BandPolicyLoss(backend="torch", divergence="kl", delta=0.05, lower_floor=0.9,
+                             policy_loss_type=policy_loss_type)  # fmt: skip
+    loss_fn(log_probs, old, adv, action_mask=mask, rollout_log_probs=rollout)
+    m = loss_fn.band_metrics
+    keep = mask.bool()
+    n = keep.sum()
+    lower, upper = band_bounds(old, "kl", 0.05, upper_cap=10.0)
+    lower = lower.clamp(min=0.9)  # the floor is part of the bounds the loss used
+    mu_ratio = torch.exp(rollout - old)
+    outside = ((mu_ratio < lower) | (mu_ratio > upper)) & keep
+    assert 0 < outside.sum() < n  # both kinds of token occur
+    torch.testing.assert_close(m["band/behaviour_outside_frac"], outside.sum() / n)
+    torch.testing.assert_close(m["band/behaviour_abs_log_ratio"], (rollout - old).abs()[keep].mean())
+    # what masked positions hold does not matter: the dummy 0.0 of an agent's environment tokens, or worse
+    for junk in (0.0, math.inf, -math.inf, math.nan):
+        loss_fn(log_probs, old, adv, action_mask=mask, rollout_log_probs=torch.where(keep, rollout, junk))
+        for key in ("band/behaviour_outside_frac", "band/behaviour_abs_log_ratio"):
+            torch.testing.assert_close(loss_fn.band_metrics[key], m[key], msg=f"{key} with {junk} at masked positions")
+    # without the sampler's log-probs (IS correction off) there is nothing to compare: no key
+    loss_fn(log_probs, old, adv, action_mask=mask)
+    assert not any(key.startswith("band/behaviour_") for key in loss_fn.band_metrics)
+
+
+def test_behaviour_metrics_at_the_simplex_edges():
+    """A lower bound of 0 (kl at p = 1e-9) and sampler ratios whose exp under- or overflows float32 are
+    read exactly (in log space), never as NaN."""
+    old = torch.log(torch.tensor([[1e-9, 1e-9, 0.5, 1.0 - 1e-7]]))
+    gap = torch.tensor([[-200.0, 200.0, -5.0, -0.01]])
+    loss_fn = BandPolicyLoss(backend="torch", divergence="kl", delta=0.05, upper_cap=None)
+    loss_fn(old.clone().requires_grad_(True), old, torch.ones_like(old), action_mask=torch.ones_like(old),
+            rollout_log_probs=old + gap)  # fmt: skip
+    lower, upper = loss_fn.last_bounds
+    assert lower[0, 0] == 0 and upper[0, 1] < 1e9 and lower[0, 3] < math.exp(-0.01) < upper[0, 3]  # as assumed below
+    # inside: e^-200 above a lower bound of 0, and e^-0.01 near p = 1; outside: e^200 and e^-5 at p = 0.5
+    m = loss_fn.band_metrics
+    assert m["band/behaviour_outside_frac"].item() == 0.5
+    assert m["band/behaviour_abs_log_ratio"].item() == pytest.approx((200 + 200 + 5 + 0.01) / 4, rel=1e-6)
 
 
 def test_rejects_bad_options():

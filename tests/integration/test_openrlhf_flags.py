@@ -291,3 +291,27 @@ def test_check_args_writes_the_attention_note_on_stderr_only():
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["attention"] == {"implementation": "sdpa", "packing_samples": False}
     assert "openrlhf-band check-args: attention sdpa, packing off (--ds.attn_implementation)" in done.stderr
+
+
+# OpenRLHF 0.11.2's advantage estimators: the parser's own choices (the next test reads them from its message)
+ESTIMATORS = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_every_advantage_estimator_takes_the_band(estimator):
+    """The band is a loss: every estimator's advantages reach it (gae through a critic, made from the actor's
+    model when the reward is a function, as train_ppo_ray does)."""
+    args = validate_train_args([*BASE, "--loss", "band", "--algo.advantage.estimator", estimator])
+    cfg = resolved_loss_config(args)
+    assert cfg["advantage_estimator"] == estimator and cfg["band"]["rule"] == "trust_region"
+    assert args.critic.model_name_or_path == ("some/model" if estimator == "gae" else None)
+
+
+def test_the_estimators_tested_are_openrlhfs(capsys):
+    import re
+
+    with pytest.raises(SystemExit):
+        validate_train_args([*BASE, "--loss", "band", "--algo.advantage.estimator", "none-such"])
+    choices = re.search(r"invalid choice: 'none-such' \(choose from (.*)\)", capsys.readouterr().err)
+    assert choices, "the parser's message changed"
+    assert tuple(re.findall(r"'?([a-z_]+)'?", choices.group(1))) == ESTIMATORS

@@ -180,6 +180,49 @@ def test_sleep_mode_is_on_unless_switched_off_and_paths_are_absolute(tmp_path):
     assert off[off.index("--ckpt.path") + 1] == str(Path.cwd() / "rel" / "runs" / "bandpo-kl-seed42" / "ckpt")
 
 
+def test_async_splits_the_gpus_turns_sleep_off_and_the_is_correction_on(tmp_path):
+    def value(args: list[str], flag: str) -> str:
+        return args[args.index(flag) + 1]
+
+    sync = launched_arguments(tmp_path / "sync")
+    assert "--train.async_enable" not in sync and "--algo.advantage.is_correction_level" not in sync
+    assert value(sync, "--actor.num_gpus_per_node") == "8" and value(sync, "--vllm.num_engines") == "8"
+    run = launched_arguments(tmp_path / "async", ASYNC="1", NNODES="2", VLLM_TP="2")
+    assert "--train.async_enable" in run and "--train.partial_rollout_enable" not in run
+    assert not {"--vllm.enable_sleep", "--ds.enable_sleep"} & set(run)  # train_ppo_ray refuses sleep mode in async
+    assert value(run, "--train.async_queue_size") == "1"
+    assert value(run, "--algo.advantage.is_correction_level") == "token"
+    assert value(run, "--algo.advantage.is_correction_mode") == "mask"
+    # half of each node's 8 GPUs train, the other half hold 2 nodes x 4 / TP 2 engines
+    assert value(run, "--actor.num_gpus_per_node") == value(run, "--ref.num_gpus_per_node") == "4"
+    assert value(run, "--vllm.num_engines") == "4"
+    run = launched_arguments(tmp_path / "partial", ASYNC="1", PARTIAL_ROLLOUT="1", ASYNC_QUEUE="2",
+                             ROLLOUT_GPUS_PER_NODE="6")  # fmt: skip
+    assert "--train.partial_rollout_enable" in run and value(run, "--train.async_queue_size") == "2"
+    assert value(run, "--actor.num_gpus_per_node") == "2" and value(run, "--vllm.num_engines") == "6"
+
+
+def test_async_reaches_check_args_resolved_configuration(tmp_path):
+    assert dry_run("bandpo_kl.sh", tmp_path / "sync")["rollout"] == {
+        "async": False, "async_queue_size": None, "partial_rollout": False, "is_correction_level": "off",
+    }  # fmt: skip
+    assert dry_run("bandpo_kl.sh", tmp_path / "async", ASYNC="1", PARTIAL_ROLLOUT="1")["rollout"] == {
+        "async": True, "async_queue_size": 1, "partial_rollout": True, "is_correction_level": "token",
+        "is_correction_mode": "mask",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [({"PARTIAL_ROLLOUT": "1"}, "PARTIAL_ROLLOUT=1 needs ASYNC=1"),
+     ({"ASYNC": "1", "GPUS_PER_NODE": "1"}, "both need at least one")],
+)  # fmt: skip
+def test_async_settings_that_cannot_run_stop_with_a_reason(tmp_path, env, message):
+    env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), **env}
+    done = subprocess.run(["bash", str(SCRIPTS / "bandpo_kl.sh")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+
+
 def test_a_linked_data_dir_keeps_its_name(tmp_path):
     """The launcher makes paths absolute without resolving links: the job's upload excludes a linked DATA_DIR
     by its own name (openrlhf_band/recipe/ray_job.py), which a resolved path would not match."""
