@@ -43,6 +43,10 @@
 #                    centred on the actor's own log-probs: docs/training.md#asynchronous-training-where-the-band-is-centred.
 #                    Training and vLLM then run at once on separate GPUs: ROLLOUT_GPUS_PER_NODE of each node's
 #                    GPUS_PER_NODE go to vLLM (default half), the rest to the actor and the reference
+#   AGENT=1          the task's multi-turn agent (--train.agent_func_path, in place of --reward.remote_url: the
+#                    agent scores the episode): code (the sandbox runs each program against the visible test and
+#                    a failure goes back to the model) and reasoning-gym (a wrong answer is answered); up to
+#                    OPENRLHF_BAND_AGENT_TURNS replies (default 3; docs/tasks.md#multi-turn-agents)
 #   DRY_RUN=1        validate the full argument list with `openrlhf-band check-args` and exit
 #   EXTRA_ARGS       appended to the argument list verbatim (word-split)
 #   ATTN             flash_attention_2 (with --ds.packing_samples) or sdpa (without); default: the
@@ -100,6 +104,12 @@ launch() {
   # checked here too: a machine without the isolation it needs stops now, with the fix, not mid-run
   reward_py="$(python3 -m openrlhf_band.recipe.tasks reward-file "$task")"
   python3 -m openrlhf_band.recipe.tasks preflight "$task"
+  local reward_args=(--reward.remote_url "$reward_py")
+  if [[ "${AGENT:-0}" == 1 ]]; then
+    local agent_py
+    agent_py="$(python3 -m openrlhf_band.recipe.tasks agent-file "$task")" || return 2
+    reward_args=(--train.agent_func_path "$agent_py")
+  fi
   if [[ -z "${DRY_RUN:-}" && ! -s "$data_dir/train.jsonl" ]]; then
     echo "[$METHOD] no $data_dir/train.jsonl: openrlhf-band prepare-data --source $task ${PREPARE_ARGS:-}" >&2
     # shellcheck disable=SC2086  # word splitting of PREPARE_ARGS is the documented behaviour
@@ -154,7 +164,7 @@ launch() {
     # data, reward and evaluation (the task's; for math AIME 2024 / 2025, AMC 2023), 32 samples at temperature 1.0
     --data.prompt_dataset "$data_dir/train.jsonl" --data.input_key prompt --data.label_key label
     --data.apply_chat_template
-    --reward.remote_url "$reward_py"
+    "${reward_args[@]}"
     --eval.dataset "$data_dir/eval.jsonl" --eval.n_samples_per_prompt "${EVAL_N:-32}" --eval.temperature 1.0
     --eval.steps 20
     --ckpt.path "$output_dir/ckpt" --ckpt.output_dir "$output_dir/model" --ckpt.save_steps 100

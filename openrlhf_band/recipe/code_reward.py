@@ -52,7 +52,7 @@ from openrlhf_band.recipe import sandbox
 from openrlhf_band.recipe.reward import _SPECIAL_TOKEN_RE, _response_text
 from openrlhf_band.recipe.reward_io import align, as_output, map_samples
 
-__all__ = ["extract_program", "parse_label", "reward_func", "score"]
+__all__ = ["check", "extract_program", "parse_label", "reward_func", "score"]
 
 MAX_PROGRAM_CHARS = 100_000
 MAX_LABEL_CHARS = 50_000_000  # APPS labels can hold megabytes of test input
@@ -171,30 +171,36 @@ def _slots() -> threading.BoundedSemaphore:
 
 def score(response: Any, label: Any) -> tuple[float, dict]:
     """(0/1, {"code_found", "code_timeout", "sandbox_error"}) for one response; never raises."""
+    value, logs, _ = check(response, parse_label(label)[0])
+    return value, logs
+
+
+def check(response: Any, tests: dict | None) -> tuple[float, dict, str | None]:
+    """`score` against `tests` (`parse_label`'s form) instead of a label, and why it failed: None when it
+    passed, else "no code", "no tests" or the sandbox's verdict (a failed check, a timeout). Never raises."""
     logs = {"code_found": 0.0, "code_timeout": 0.0, "sandbox_error": 0.0}
     try:
-        tests, _ = parse_label(label)
         program = extract_program(response)
         if program is None or tests is None:
             logs["code_found"] = float(program is not None)
-            return 0.0, logs
+            return 0.0, logs, "no code" if program is None else "no tests"
         logs["code_found"] = 1.0
         program, tests = _program_for(program, dict(tests))
         acquire_timeout = float(os.environ.get("OPENRLHF_BAND_CODE_ACQUIRE_TIMEOUT", 120))
         slots = _slots()
         if not slots.acquire(timeout=acquire_timeout):
             logs["code_timeout"] = 1.0
-            return 0.0, logs
+            return 0.0, logs, "timeout"
         try:
             verdict = sandbox.run_tests(program, tests, tests.get("entry_point"), sandbox.Limits.from_env())
         finally:
             slots.release()
         logs["code_timeout"] = float(verdict.timed_out)
         logs["sandbox_error"] = float(verdict.sandbox_error)
-        return float(verdict.passed), logs
-    except Exception:
+        return float(verdict.passed), logs, None if verdict.passed else str(verdict.error or "failed")
+    except Exception as err:
         logs["sandbox_error"] = 1.0
-        return 0.0, logs
+        return 0.0, logs, f"sandbox: {type(err).__name__}"
 
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:

@@ -223,6 +223,21 @@ def test_async_settings_that_cannot_run_stop_with_a_reason(tmp_path, env, messag
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
 
 
+def test_agent_replaces_the_reward_file_with_the_tasks_agent(tmp_path):
+    def value(args: list[str], flag: str) -> str:
+        return args[args.index(flag) + 1]
+
+    args = launched_arguments(tmp_path / "gym", TASK="reasoning-gym", AGENT="1")
+    assert value(args, "--train.agent_func_path").endswith("/openrlhf_band/recipe/gym_agent.py")
+    assert "--reward.remote_url" not in args  # the agent scores the episode
+    assert value(launched_arguments(tmp_path / "plain", TASK="reasoning-gym"), "--reward.remote_url").endswith(
+        "/openrlhf_band/recipe/gym_reward.py"
+    )
+    env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), "AGENT": "1"}  # math has no agent
+    done = subprocess.run(["bash", str(SCRIPTS / "bandpo_kl.sh")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 2 and "task 'math' has no multi-turn agent" in done.stderr, done.stderr[-2000:]
+
+
 def test_a_linked_data_dir_keeps_its_name(tmp_path):
     """The launcher makes paths absolute without resolving links: the job's upload excludes a linked DATA_DIR
     by its own name (openrlhf_band/recipe/ray_job.py), which a resolved path would not match."""
