@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from openrlhf.utils.agent import MultiTurnAgentExecutor
+from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
 DEFAULT_MAX_TURNS = 3
 _PROBE_USER, _PROBE_REPLY = "openrlhf-band-probe-user", "openrlhf-band-probe-reply"
@@ -102,6 +102,19 @@ class _RecordingEngine:
 
     def __getattr__(self, name: str):
         return getattr(self._engine, name)
+
+
+class Episode(AgentInstanceBase):
+    """One sample's episode (OpenRLHF makes one instance per prompt and sample): its label, kept from
+    `reset`, and the replies made so far (the agent's `step` counts them)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.replies = 0
+        self.label: Any = None
+
+    async def reset(self, states: dict, **kwargs) -> dict:
+        self.label = states["label"]
+        return {"observation": states["observation"]}
 
 
 class TurnAgentExecutor(MultiTurnAgentExecutor):

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
 import torch
-from openrlhf.utils.agent import AgentInstanceBase
 
 from openrlhf_band.recipe import code_reward
-from openrlhf_band.recipe.agent_turns import TurnAgentExecutor, max_turns, user_turn
+from openrlhf_band.recipe.agent_turns import Episode, TurnAgentExecutor, max_turns, user_turn
 
 MAX_FEEDBACK_CHARS = 600
 _CHECK_DEF = re.compile(r"^def\s+check\s*\(", re.MULTILINE)
@@ -63,16 +61,8 @@ def feedback(why: str, shown: str) -> str:
     return text if len(text) <= MAX_FEEDBACK_CHARS else text[: MAX_FEEDBACK_CHARS - len(ask) - 5] + " ...\n" + ask
 
 
-class CodeAgent(AgentInstanceBase):
-    """One sample's episode (OpenRLHF makes one instance per prompt and sample)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.replies = 0
-        self.label: Any = None
-
-    async def reset(self, states: dict, **kwargs) -> dict:
-        self.label = states["label"]
-        return {"observation": states["observation"]}
+class CodeAgent(Episode):
+    """The code task's episode: the sandbox is its tool."""
 
     async def step(self, states: dict, **kwargs) -> dict:
         self.replies += 1

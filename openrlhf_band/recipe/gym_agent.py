@@ -20,10 +20,9 @@ import asyncio
 from typing import Any
 
 import torch
-from openrlhf.utils.agent import AgentInstanceBase
 
 from openrlhf_band.recipe import gym_reward
-from openrlhf_band.recipe.agent_turns import TurnAgentExecutor, max_turns, user_turn
+from openrlhf_band.recipe.agent_turns import Episode, TurnAgentExecutor, max_turns, user_turn
 
 NO_ANSWER = "I found no final answer in your reply. Give your final answer inside <answer></answer> tags."
 WRONG = "That answer is not correct. Think again, then give your final answer inside <answer></answer> tags."
@@ -36,16 +35,8 @@ def _scored(reply: str, label: Any) -> tuple[float, float, dict]:
     return float(out["rewards"][0]), float(out["scores"][0]), logs
 
 
-class GymAgent(AgentInstanceBase):
-    """One sample's episode (OpenRLHF makes one instance per prompt and sample)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.replies = 0
-        self.label: Any = None
-
-    async def reset(self, states: dict, **kwargs) -> dict:
-        self.label = states["label"]
-        return {"observation": states["observation"]}
+class GymAgent(Episode):
+    """The reasoning-gym episode: a wrong answer is answered."""
 
     async def step(self, states: dict, **kwargs) -> dict:
         self.replies += 1
