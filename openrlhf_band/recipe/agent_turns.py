@@ -85,7 +85,6 @@ class _Episode:
 
 
 _EPISODE: contextvars.ContextVar[_Episode] = contextvars.ContextVar("openrlhf_band_agent_episode")
-_TURNS_BY_TOKENIZER: dict[int, ChatTurns] = {}
 
 
 class _RecordingEngine:
@@ -125,11 +124,12 @@ class TurnAgentExecutor(MultiTurnAgentExecutor):
 
     def __init__(self) -> None:
         super().__init__(self.instance_cls)
+        self._turns: tuple[Any, ChatTurns] | None = None  # (the tokenizer, its turns): read once, not per episode
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
-        turns = _TURNS_BY_TOKENIZER.get(id(hf_tokenizer))
-        if turns is None:
-            turns = _TURNS_BY_TOKENIZER[id(hf_tokenizer)] = ChatTurns.from_tokenizer(hf_tokenizer)
+        if self._turns is None or self._turns[0] is not hf_tokenizer:
+            self._turns = (hf_tokenizer, ChatTurns.from_tokenizer(hf_tokenizer))
+        turns = self._turns[1]
         eos = hf_tokenizer.eos_token_id
         episode = _Episode(turns, frozenset(eos if isinstance(eos, list) else [eos]) - {None})
         token = _EPISODE.set(episode)  # the instance's step runs in this task: it reads this episode

@@ -64,18 +64,24 @@ def feedback(why: str, shown: str) -> str:
 class CodeAgent(Episode):
     """The code task's episode: the sandbox is its tool."""
 
+    async def reset(self, states: dict, **kwargs) -> dict:
+        observation = await super().reset(states, **kwargs)
+        # the label parsed once (an APPS label can hold megabytes of JSON); the last reply is scored on all of
+        # it with code_reward.check, which is code_reward.score on the parsed label
+        self.tests, _ = code_reward.parse_label(self.label)
+        return observation
+
     async def step(self, states: dict, **kwargs) -> dict:
         self.replies += 1
         reply = states["action_text"]
-        tests, _ = code_reward.parse_label(self.label)
         visible_passed = 0.0
-        if tests is not None:
-            visible, shown = visible_tests(tests)
+        if self.tests is not None:
+            visible, shown = visible_tests(self.tests)
             passed, _, why = await asyncio.to_thread(code_reward.check, reply, visible)
             visible_passed = passed
             if not passed and self.replies < max_turns() and not why.startswith("sandbox"):
                 return self._turn(0.0, user_turn(feedback(why, shown)), False, visible_passed, None)
-        value, logs = await asyncio.to_thread(code_reward.score, reply, self.label)
+        value, logs, _ = await asyncio.to_thread(code_reward.check, reply, self.tests)
         return self._turn(value, "", True, visible_passed, logs)
 
     def _turn(self, reward: float, text: str, done: bool, visible_passed: float, logs: dict | None) -> dict:
