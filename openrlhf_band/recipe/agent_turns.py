@@ -10,6 +10,12 @@ tokenizer's own template (no hand-written ChatML), and `TurnAgentExecutor` recor
 already ended with the end-of-turn token (it did when vLLM stopped on it; a reply cut at the token
 budget did not), so that the turn is closed once, never twice.
 
+It also records how many tokens the context still holds after the reply (`max_length` less what is in it).
+OpenRLHF's executor ends an episode when a user turn leaves no room for another reply, after that turn's
+`step` returned, so the reply before it would never be scored and the episode would keep the turn's reward
+(0 where a wrong final answer gets -1). `user_turn` returns None there instead: the agent scores the reply
+and ends the episode.
+
 An agent file (what `--train.agent_func_path` names) defines an `AgentInstanceBase` subclass and
 `class AgentExecutor(TurnAgentExecutor)` with `instance_cls` set to it; its `step` calls
 `user_turn(message)` for the text to return as `environment_feedback`.
@@ -81,7 +87,9 @@ class ChatTurns:
 class _Episode:
     turns: ChatTurns
     eos_ids: frozenset[int]
+    tokenizer: Any
     reply_ended: bool = False
+    room: int | None = None  # tokens the context holds after the last reply; None: not known
 
 
 _EPISODE: contextvars.ContextVar[_Episode] = contextvars.ContextVar("openrlhf_band_agent_episode")
@@ -93,10 +101,13 @@ class _RecordingEngine:
     def __init__(self, engine: Any, episode: _Episode):
         self._engine, self._episode = engine, episode
 
-    async def generate(self, *args, **kwargs):
-        output = await self._engine.generate(*args, **kwargs)
+    async def generate(self, prompt_token_ids, sampling_params, *args, **kwargs):
+        output = await self._engine.generate(prompt_token_ids, sampling_params, *args, **kwargs)
         tokens = output.outputs[0].token_ids
         self._episode.reply_ended = bool(tokens) and tokens[-1] in self._episode.eos_ids
+        # the executor sets max_tokens to max_length less the context before each reply
+        budget = getattr(sampling_params, "max_tokens", None)
+        self._episode.room = None if budget is None else budget - len(tokens)
         return output
 
     def __getattr__(self, name: str):
@@ -131,7 +142,7 @@ class TurnAgentExecutor(MultiTurnAgentExecutor):
             self._turns = (hf_tokenizer, ChatTurns.from_tokenizer(hf_tokenizer))
         turns = self._turns[1]
         eos = hf_tokenizer.eos_token_id
-        episode = _Episode(turns, frozenset(eos if isinstance(eos, list) else [eos]) - {None})
+        episode = _Episode(turns, frozenset(eos if isinstance(eos, list) else [eos]) - {None}, hf_tokenizer)
         token = _EPISODE.set(episode)  # the instance's step runs in this task: it reads this episode
         try:
             return await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer,
@@ -140,8 +151,16 @@ class TurnAgentExecutor(MultiTurnAgentExecutor):
             _EPISODE.reset(token)
 
 
-def user_turn(message: str) -> str:
-    """The environment's reply `message` as the next user turn of the running episode (call it from `step`)."""
+def user_turn(message: str) -> str | None:
+    """The environment's reply `message` as the next user turn of the running episode (call it from `step`), or
+    None when the context has no room for that turn and at least one token of another reply: then the episode
+    ends with this reply, which the agent scores (OpenRLHF's executor would stop after the turn instead)."""
     episode = _EPISODE.get()
-    return episode.turns.user_turn(message, episode.reply_ended)
+    text = episode.turns.user_turn(message, episode.reply_ended)
+    if episode.room is not None:
+        # tokenized as OpenRLHF's executor tokenizes environment feedback
+        needed = len(episode.tokenizer(text=text, add_special_tokens=False)["input_ids"])
+        if needed >= episode.room:
+            return None
+    return text
 

@@ -5,10 +5,11 @@
 An episode: the model replies with a program; the environment runs it in the sandbox against the label's
 visible test (below) and, if it fails, sends the failure back as the next user turn; the model tries
 again, up to OPENRLHF_BAND_AGENT_TURNS replies (default 3). The episode ends when a program passes its
-visible test, or at the last reply, and its reward is the code reward's on that last reply
-(`code_reward.score`: 1 when the program passes every test of the label, the hidden ones included, else
-0), given at the last turn (the earlier turns get 0: OpenRLHF sums them). So an agent run and a
-single-turn run score a final program alike, and passing the visible test is not enough.
+visible test, or at the last reply (the turn limit's, or the last the context has room for), and its
+reward is the code reward's on that last reply (`code_reward.score`: 1 when the program passes every test
+of the label, the hidden ones included, else 0), given at the last turn (the earlier turns get 0: OpenRLHF
+sums them). So an agent run and a single-turn run score a final program alike, and passing the visible test
+is not enough.
 
 The visible test is what the prompt shows or what the model could see for itself:
 - top-level asserts (MBPP): the setup lines and the first assert (a training prompt shows that one);
@@ -80,7 +81,9 @@ class CodeAgent(Episode):
             passed, _, why = await asyncio.to_thread(code_reward.check, reply, visible)
             visible_passed = passed
             if not passed and self.replies < max_turns() and not why.startswith("sandbox"):
-                return self._turn(0.0, user_turn(feedback(why, shown)), False, visible_passed, None)
+                text = user_turn(feedback(why, shown))
+                if text is not None:  # else no room for another reply: this one is the last
+                    return self._turn(0.0, text, False, visible_passed, None)
         value, logs, _ = await asyncio.to_thread(code_reward.check, reply, self.tests)
         return self._turn(value, "", True, visible_passed, logs)
 

@@ -4,7 +4,8 @@ place of `--reward.remote_url`.
 
 An episode: the model answers; a full-score answer ends it; otherwise the environment says, as the next
 user turn, that the answer is not correct (or that no `<answer>...</answer>` was found), without
-revealing the right one, and the model tries again, up to OPENRLHF_BAND_AGENT_TURNS replies (default 3).
+revealing the right one, and the model tries again, up to OPENRLHF_BAND_AGENT_TURNS replies (default 3) or
+as many as the context has room for.
 The reward is the reasoning-gym reward's on the last reply (`gym_reward`: 2 * score - 1 for training
 labels, the score for accuracy labels; partial credit as reasoning-gym gives it), given at the last turn
 (the earlier turns get 0: OpenRLHF sums them). extra_logs (of the last turn): `answer_found`,
@@ -43,6 +44,8 @@ class GymAgent(Episode):
         reward, score, logs = await asyncio.to_thread(_scored, states["action_text"], self.label)
         done = score >= 1.0 or self.replies >= max_turns()
         text = "" if done else user_turn(WRONG if logs["answer_found"] else NO_ANSWER)
+        if text is None:  # no room for another reply: this one is the last
+            done, text = True, ""
         return {
             "rewards": torch.tensor(reward if done else 0.0),
             "scores": torch.tensor(score if done else 0.0),

@@ -80,11 +80,12 @@ free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1",
 # The shim (test-only: studies/cpu_engine/cpu_shim, docs/e2e_cpu.md) and its probes, for every process
 e2e_exports() {
   export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/studies/cpu_engine/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
-  export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_ENTROPY_LOG="$OUT_DIR/entropy.jsonl" E2E_FUSED_LOG="$OUT_DIR/fused.jsonl"
-  export E2E_CLIP_BINS_LOG="$OUT_DIR/clip_bins.jsonl"
+  export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_LOSS_LOG="$OUT_DIR/loss.jsonl" E2E_FUSED_LOG="$OUT_DIR/fused.jsonl"
+  export E2E_CLIP_BINS_LOG="$OUT_DIR/clip_bins.jsonl" E2E_AGENT_LOG="$OUT_DIR/agent_tokens.jsonl"
+  : > "$E2E_AGENT_LOG"
   : > "$E2E_CLIP_BINS_LOG"
   : > "$E2E_SYNC_LOG"
-  : > "$E2E_ENTROPY_LOG"
+  : > "$E2E_LOSS_LOG"
   : > "$E2E_FUSED_LOG"
   export TORCH_EXTENSIONS_DIR="$VENV/torch_extensions"  # DeepSpeed's CPU ops, compiled on first use
   # every process of the run reads it (the shim): the caller's, else bf16 where the CPU has native bf16 and

@@ -4,7 +4,9 @@ training, weights back to vLLM after every step, through studies/cpu_engine/trai
 Each run costs about a minute, so runs are shared between the tests that read them (session-scoped
 fixtures) and combine what they can: the chi2 run also carries the clipping and weight-sync checks,
 the kl run dual-clip and the vLLM IS correction, the controller's pair the checkpoint resume, the DPPO
-and floor runs the asynchronous trainer (the floor run with partial rollouts).
+and floor runs the asynchronous trainer (the floor run with partial rollouts), the DCPO run PPO with a critic
+and DAPO's dynamic filtering, the code run a multi-turn agent; and every advantage estimator that changes what
+the loss sees rides on one of them (ESTIMATORS).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SH = ROOT / "studies" / "cpu_engine" / "train.sh"
 LEARN_SH = ROOT / "studies" / "learn" / "learn.sh"
 STEPS = 3  # 12 prompts at --rollout.batch_size 4, one episode (studies/cpu_engine/assets.py)
+PROMPTS, SAMPLES, MICRO_BATCH = 12, 4, 2  # train.sh: --rollout.n_samples_per_prompt, --train.micro_batch_size
 UPPER_CAP = 10.0  # the band's default cap (--actor.band.upper_cap)
 
 
@@ -88,6 +91,37 @@ def band_series(run: Run) -> dict[str, dict[int, float]]:
     return {tag: s for tag, s in run.scalars().items() if tag.startswith("train/band/")}
 
 
+def loss_calls(run: Run) -> list[dict]:
+    """The shim's probe: one record per call of the band loss (the tokens its mask let in, their entropy's sum)."""
+    return [json.loads(line) for line in (run.out / "loss.jsonl").read_text().splitlines()]
+
+
+# Each advantage estimator of OpenRLHF 0.11.2 that changes what the loss sees, and the band run it trains in
+# (group_norm, train.sh's, in all the others; reinforce, plain returns, only parses: tests/integration)
+ESTIMATORS = {"reinforce_baseline": "kl", "gae": "dcpo", "dr_grpo": "controller", "rloo": "two_epochs",
+              "flash_reinforce": "code"}  # fmt: skip
+# vLLM's log-probs with every batch (the IS correction in clip mode: it weighs the loss, masks nothing), so that
+# band/behaviour_* show where the sampler was against the band's centre
+SYNC_IS_ARGS = ("--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip")
+
+
+def estimator(name: str) -> tuple[str, ...]:
+    return ("--algo.advantage.estimator", name)
+
+
+def check_estimator(run: Run, name: str) -> None:
+    assert f"estimator='{name}'" in run.log, name  # in the arguments train_ppo_ray printed
+
+
+def check_centred_on_the_actor(run: Run, steps: list[int]) -> None:
+    """Synchronous training: vLLM sampled with the weights the band's pi_old (the actor's log-probs, recomputed
+    when the experience is made) came from, so at every step its log-probs are within the engine's arithmetic of
+    the band's centre, far below a lag's distance (LAG_NATS; training.md#asynchronous-training-where-the-band-is-
+    centred)."""
+    distance = run.scalars()["train/band/behaviour_abs_log_ratio"]
+    assert sorted(distance) == steps and all(0.0 <= v < LAG_NATS for v in distance.values()), distance
+
+
 # --- the runs -----------------------------------------------------------------------------------
 
 
@@ -126,7 +160,7 @@ def kl_run(e2e_root) -> Run:
     return trained(
         e2e_root / "kl", "--loss", "band", "--actor.dual_clip", "10", "--actor.band.backend", "triton",
         "--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "mask",
-        env={"TRITON_INTERPRET": "1"},
+        *estimator("reinforce_baseline"), env={"TRITON_INTERPRET": "1"},
     )  # fmt: skip
 
 
@@ -140,11 +174,21 @@ def ppo_run(e2e_root) -> Run:
 DCPO_ARGS = ("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_low_high", "0.16", "0.2")
 
 
+# DAPO's filter with a range that keeps only groups whose mean score (train.sh's reward: 0/1, right about half the
+# time) is 0.5 or 0.75: about 6 of 16 groups are dropped, each replaced by the next prompt while prompts last
+FILTER_RANGE = (0.25, 1.0)
+
+
 @pytest.fixture(scope="session")
 def dcpo_run(e2e_root) -> Run:
-    """One step (4 prompts). (The checkpoint resume is checked on the controller's pair, whose saved state
-    also tells whether the band's own state came back: one pair of runs for both.)"""
-    return trained(e2e_root / "dcpo", *DCPO_ARGS, "--data.max_samples", "4")
+    """PPO proper: gae with a critic (the actor's model, OpenRLHF's default with a reward file), DCPO's bounds, and
+    DAPO's dynamic filtering over the 12 prompts (as many steps as the kept groups fill). (The checkpoint resume is
+    checked on the controller's pair, whose saved state also tells whether the band's own state came back.)"""
+    return trained(
+        e2e_root / "dcpo", *DCPO_ARGS, *estimator("gae"), "--critic.num_nodes", "1", "--critic.num_gpus_per_node",
+        "1", "--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", *map(str, FILTER_RANGE),
+        *SYNC_IS_ARGS,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -201,6 +245,7 @@ def test_the_band_clips_for_real_and_ppo_clip_ratio_is_its_two_sides(chi2_run):
 
 
 def test_band_kl_default_with_dual_clip_vllm_is_correction_and_the_triton_kernel(kl_run):
+    check_estimator(kl_run, "reinforce_baseline")
     band = resolved_band(kl_run)
     assert "divergence='kl'" in band and "delta=0.05" in band and "upper_cap=10.0" in band
     assert "dual_clip=10.0" in kl_run.log and "is_correction_level='token'" in kl_run.log
@@ -260,6 +305,9 @@ def test_checkpoint_resume_continues_the_step_counter_and_the_weights(controller
         assert "adaptive='entropy'" in resolved_band(run)
     assert sorted(controller_saved.scalars()["train/band/clip_frac_upper"]) == [1]
     check_band_metrics(controller_resumed, [2])  # the resumed run logs step 2, not step 1 again
+    check_estimator(controller_resumed, "dr_grpo")
+    check_centred_on_the_actor(controller_saved, [1])
+    check_centred_on_the_actor(controller_resumed, [2])  # vLLM holds the loaded weights
     assert "Loading the checkpoint" in controller_resumed.log
     # on resume OpenRLHF syncs the loaded weights to vLLM before its first rollout: they are the
     # weights the first run had after its step 1
@@ -269,11 +317,29 @@ def test_checkpoint_resume_continues_the_step_counter_and_the_weights(controller
     assert sync_problems(controller_resumed) == []
 
 
-def test_dcpo_bounds_through_the_real_engine(dcpo_run):
+def test_dcpo_bounds_with_a_critic_and_dynamic_filtering_through_the_real_engine(dcpo_run):
     assert "rule='dcpo'" in resolved_band(dcpo_run)
-    band = check_band_metrics(dcpo_run, [1])
-    # DCPO's bounds are wider than the fixed clip's for rare tokens, never narrower
-    assert band["train/band/lower_mean"][1] <= 1 - 0.16 + 1e-6 and band["train/band/upper_mean"][1] >= 1.2 - 1e-6
+    check_estimator(dcpo_run, "gae")
+    scalars = dcpo_run.scalars()
+    steps = sorted(scalars["train/policy_loss"])
+    assert 1 <= len(steps) <= STEPS, steps
+    band = check_band_metrics(dcpo_run, steps)
+    for step in steps:  # DCPO's bounds are wider than the fixed clip's for rare tokens, never narrower
+        assert band["train/band/lower_mean"][step] <= 1 - 0.16 + 1e-6, step
+        assert band["train/band/upper_mean"][step] >= 1.2 - 1e-6, step
+    check_centred_on_the_actor(dcpo_run, steps)
+    # the critic trained beside the band at every step, on the same experience
+    for tag in ("train/critic_loss", "train/values"):
+        assert sorted(scalars[tag]) == steps and all(math.isfinite(v) for v in scalars[tag].values()), tag
+    # the filter: every group it dropped had a mean score outside the range, and the band trained on the rest
+    # only, each kept prompt's samples once (one epoch, MICRO_BATCH samples a loss call)
+    dropped = [float(v) for v in re.findall(r"Filtered out: avg_reward=(-?[\d.]+)", dcpo_run.log)]
+    low, high = FILTER_RANGE
+    assert all(not low < v < high for v in dropped), dropped
+    kept = PROMPTS - len(dropped)
+    print(f"\ndynamic filtering: {len(dropped)} of {PROMPTS} prompts dropped, mean scores {dropped}")
+    assert len(loss_calls(dcpo_run)) == kept * SAMPLES // MICRO_BATCH, (len(dropped), len(loss_calls(dcpo_run)))
+    assert sorted(scalars["train/dynamic_filtering_pass_rate"]) == steps
 
 
 def test_a_bad_flag_fails_fast_with_the_parsers_message(e2e_root, chi2_run):
@@ -387,12 +453,10 @@ def prepare(out: Path, *args: str) -> Path:
     return out
 
 
-def task_run(e2e_root: Path, name: str, data: Path, task: str) -> Run:
-    from openrlhf_band.recipe.tasks import reward_file
-
+def task_run(e2e_root: Path, name: str, data: Path, *args: str) -> Run:
     return trained(
         e2e_root / name, *TASK_RUN_ARGS, "--data.prompt_dataset", str(data / "train.jsonl"),
-        "--eval.dataset", str(data / "eval.jsonl"), "--reward.remote_url", reward_file(task),
+        "--eval.dataset", str(data / "eval.jsonl"), *args,
     )  # fmt: skip
 
 
@@ -421,12 +485,21 @@ def gym_run(e2e_root) -> Run:
 
 @pytest.fixture(scope="session")
 def code_run(e2e_root) -> Run:
+    """The code task as a multi-turn agent (openrlhf_band/recipe/code_agent.py, through --train.agent_func_path):
+    each reply runs in the sandbox against its visible test, a failure comes back as the next user turn (up to 3
+    replies), the last reply is scored on every test. With flash_reinforce (OpenRLHF's own agent example's
+    estimator) and vLLM's log-probs (the IS correction, clip mode)."""
+    from openrlhf_band.recipe.tasks import agent_file
+
     fixtures = ROOT / "tests" / "fixtures" / "code"
     data = prepare(
         e2e_root / "code-data", "--source", "code", "--source", f"mbpp={fixtures / 'mbpp'}",
         "--source", f"apps={fixtures / 'apps'}", "--train", "mbpp,apps", "--eval", "mbpp",
     )  # fmt: skip
-    return task_run(e2e_root, "code", data, "code")
+    return task_run(
+        e2e_root, "code", data, "--train.agent_func_path", agent_file("code"), *estimator("flash_reinforce"),
+        *SYNC_IS_ARGS,
+    )  # fmt: skip
 
 
 EVAL_PASS_TAG = re.compile(r"^eval/eval_.+_pass\d+$")
@@ -491,12 +564,33 @@ def test_the_prepared_model_matches_its_gguf_and_vllm(gym_run):
     assert config["rope_theta"] == 100000.0 and config["eos_token_id"] == 2 and tokenizer["eos_token"] == "<|im_end|>"
 
 
-def test_code_trains_with_the_sandboxed_reward(code_run):
-    scalars = check_task_run(code_run, {"code_found", "code_timeout", "sandbox_error"}, {"mbpp"})
+def test_a_code_agent_trains_with_the_sandbox_as_its_tool(code_run):
+    logs = {"code_found", "code_timeout", "sandbox_error", "visible_passed", "agent_turns"}
+    scalars = check_task_run(code_run, logs, {"mbpp"})
+    assert "code_agent.py'" in code_run.log and "remote_url=['agent']" in code_run.log  # the agent, no reward file
+    check_estimator(code_run, "flash_reinforce")
     # every sample ran in a working sandbox (a broken one would score 0 silently: it is logged, and must be 0)
     assert all(v == 0.0 for v in scalars["train/sandbox_error"].values()), scalars["train/sandbox_error"]
     assert all(v == 1.0 for v in scalars["train/code_found"].values())  # no fence: the whole reply is the program
+    # the random model's programs fail their visible tests: the environment answered and the model replied again
+    turns = scalars["train/agent_turns"][1]
+    assert 1.0 < turns <= 3.0, turns
     assert sandbox_processes() == []
+
+
+# Environment tokens never reach the band: its bounds, clip fractions, entropy and behaviour metrics are reductions
+# over the action mask the loss receives, and the loss's masks let in exactly the replies' tokens. (An environment
+# token that reached them would not stand out by its value: the actor zeroes the log-probs outside the mask, so it
+# would enter as p_old = 1 at ratio 1. The count is the check.)
+def test_environment_tokens_never_reach_the_band(code_run):
+    batches = [json.loads(line) for line in (code_run.out / "agent_tokens.jsonl").read_text().splitlines()]
+    action = sum(b["action_tokens"] for b in batches)
+    environment = sum(b["environment_tokens"] for b in batches)
+    print(f"\nagent run: {action} reply tokens, {environment} environment tokens in {len(batches)} batches")
+    assert environment > 0, "no feedback turn reached the trainer"
+    # exact: every reply token once (one epoch), no environment token
+    assert sum(c["tokens"] for c in loss_calls(code_run)) == action, (action, environment)
+    assert len(loss_calls(code_run)) == len(batches)  # one loss call a training batch
 
 
 def _read(path: Path) -> str:
@@ -510,6 +604,7 @@ def _read(path: Path) -> str:
 CONTROLLER_ARGS = (
     "--loss", "band", "--actor.band.adaptive", "entropy", "--actor.band.target_entropy", "1e6",
     "--actor.band.controller_rate", "1", "--actor.band.delta_range", "0.001", "0.2", "--data.max_samples", "4",
+    *estimator("dr_grpo"), *SYNC_IS_ARGS,
 )  # fmt: skip
 SHRINK = math.exp(-0.2)  # per optimizer step; the harness makes 4 per rollout (16 samples, 4 per step)
 
@@ -535,7 +630,8 @@ def two_epoch_run(e2e_root) -> Run:
     run for both: each costs a minute or two of start-up)."""
     return trained(
         e2e_root / "entropy-two-epochs", "--loss", "band", "--actor.band.adaptive", "entropy",
-        "--data.max_samples", "4", "--train.batch_size", "16", "--train.max_epochs", "2",
+        "--data.max_samples", "4", "--train.batch_size", "16", "--train.max_epochs", "2", *estimator("rloo"),
+        *SYNC_IS_ARGS,
     )  # fmt: skip
 
 
@@ -547,15 +643,18 @@ def test_entropy_rule_through_the_real_engine(two_epoch_run):
     assert delta_sq > delta**2 * (1 + 1e-4)  # per-token radii: a real spread, not one value
     assert scalars["train/band/entropy_mean"][1] > 0
     assert "train/band/controller_delta" not in scalars
+    check_estimator(two_epoch_run, "rloo")
+    check_band_metrics(two_epoch_run, [1])
+    check_centred_on_the_actor(two_epoch_run, [1])
 
 
 def test_current_entropy_against_pi_old_entropy_on_the_same_tokens(two_epoch_run):
-    calls = [json.loads(line) for line in (two_epoch_run.out / "entropy.jsonl").read_text().splitlines()]
+    calls = loss_calls(two_epoch_run)
     assert len(calls) == 16  # 16 samples, micro-batch 2, two epochs
     first, second = calls[:8], calls[8:]
     assert sum(c["tokens"] for c in first) == sum(c["tokens"] for c in second)  # the same tokens, reshuffled
-    h_old = sum(c["sum"] for c in first) / sum(c["tokens"] for c in first)
-    h_next = sum(c["sum"] for c in second) / sum(c["tokens"] for c in second)
+    h_old = sum(c["entropy_sum"] for c in first) / sum(c["tokens"] for c in first)
+    h_next = sum(c["entropy_sum"] for c in second) / sum(c["tokens"] for c in second)
     relative = abs(h_next - h_old) / h_old
     print(f"\nmean entropy of the rollout's tokens: pi_old {h_old:.4f}, one optimizer step later {h_next:.4f} "
           f"({relative:.2%})")  # fmt: skip

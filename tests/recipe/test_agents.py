@@ -53,10 +53,11 @@ class ScriptedEngine:
     stops on it), each token with log-prob -0.5; records every prompt it was given."""
 
     def __init__(self, replies: list[str], eos: bool = True):
-        self.replies, self.eos, self.prompts = list(replies), eos, []
+        self.replies, self.eos, self.prompts, self.budgets = list(replies), eos, [], []
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         self.prompts.append(list(prompt_token_ids))
+        self.budgets.append(sampling_params.max_tokens)
         text = self.replies.pop(0)
         ids = TOKENIZER(text, add_special_tokens=False)["input_ids"] + ([TOKENIZER.eos_token_id] if self.eos else [])
         logprobs = [{t: SimpleNamespace(logprob=-0.5)} for t in ids]
@@ -65,14 +66,22 @@ class ScriptedEngine:
         return SimpleNamespace(outputs=[out])
 
 
-def run_episode(agent_file: str, label: str, replies: list[str], eos: bool = True) -> tuple[dict, ScriptedEngine]:
+PROMPT = TOKENIZER.apply_chat_template([{"role": "user", "content": "Solve it."}], tokenize=False,
+                                       add_generation_prompt=True)  # fmt: skip
+
+
+def run_episode(
+    agent_file: str, label: str, replies: list[str], eos: bool = True, max_length: int = 4096
+) -> tuple[dict, ScriptedEngine]:
     executor = load_agent_executor(agent_file)
-    prompt = TOKENIZER.apply_chat_template([{"role": "user", "content": "Solve it."}], tokenize=False,
-                                           add_generation_prompt=True)  # fmt: skip
     engine = ScriptedEngine(replies, eos)
-    params = SimpleNamespace(max_tokens=256, logprobs=1)
-    result = asyncio.run(executor.execute(prompt, label, params, 4096, TOKENIZER, engine))
+    params = SimpleNamespace(max_tokens=None, logprobs=1)  # as OpenRLHF sends it: the executor sets each budget
+    result = asyncio.run(executor.execute(PROMPT, label, params, max_length, TOKENIZER, engine))
     return result, engine
+
+
+def tokens(text: str) -> int:
+    return len(TOKENIZER(text=text, add_special_tokens=False)["input_ids"])
 
 
 def the_conversation(replies: list[str], feedback: list[str]) -> list[int]:
@@ -149,6 +158,21 @@ def test_code_agent_stops_at_the_turn_limit_and_closes_a_cut_reply(monkeypatch):
     assert turn.startswith("\n\n<|im_end|>\n<|im_start|>user\nI found no Python code block")
 
 
+def test_a_reply_the_context_has_no_room_to_answer_is_scored_as_the_last():
+    """OpenRLHF's executor gives the next reply max_length less the context, and stops when that is <= 0, after
+    the user turn: the reply before it would go unscored. The agent ends the episode at that reply instead."""
+    first = tokens(PROMPT) + tokens(WRONG) + 1  # the prompt and the first reply with its end-of-turn token
+    _, probe = run_episode(tasks.agent_file("code"), MBPP_LABEL, [WRONG, RIGHT])
+    turn = len(probe.prompts[1]) - first  # the user turn after the first reply, in tokens
+    # room for the turn and one token of a reply: the episode goes on, the second reply gets that one token
+    result, engine = run_episode(tasks.agent_file("code"), MBPP_LABEL, [WRONG, RIGHT], max_length=first + turn + 1)
+    assert engine.budgets[1] == 1 and result["reward"] == 1.0
+    # room for the turn only: the first reply is the last, scored on every test (no code_found of 0 from a turn)
+    result, engine = run_episode(tasks.agent_file("code"), MBPP_LABEL, [WRONG, RIGHT], max_length=first + turn)
+    assert len(engine.prompts) == 1 and result["reward"] == 0.0 and result["action_ranges"] == [(tokens(PROMPT), first)]
+    assert result["extra_logs"]["code_found"] == 1.0 and result["extra_logs"]["agent_turns"] == 1.0
+
+
 def test_visible_tests_of_each_label_form():
     from openrlhf_band.recipe.code_agent import visible_tests
 
@@ -175,6 +199,10 @@ def test_gym_agent_says_a_wrong_answer_is_wrong_and_scores_the_last_reply():
     assert "That answer is not correct" in turn and answer not in turn
     result, engine = run_episode(tasks.agent_file("reasoning-gym"), label, [f"<answer>{answer}</answer>"])
     assert result["reward"] == 1.0 and len(engine.prompts) == 1  # right at once: one turn
+    # a wrong answer the context has no room to answer is the last: -1, not the 0 of an unscored turn
+    first = tokens(PROMPT) + tokens(replies[0]) + 1
+    result, engine = run_episode(tasks.agent_file("reasoning-gym"), label, replies, max_length=first + 5)
+    assert len(engine.prompts) == 1 and result["reward"] == -1.0 and result["extra_logs"]["agent_turns"] == 1.0
 
 
 # --------------------------------------------------------------------------------------------- the registry

@@ -177,22 +177,45 @@ def _record_trainer_weights(module) -> None:
     module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
 
 
-def _record_loss_entropy(module) -> None:
-    """Probe, not a patch: each call of the band loss that receives an entropy appends its token sum and
-    count to $E2E_ENTROPY_LOG (to compare the entropy of the same tokens before and after a step)."""
+def _record_loss_calls(module) -> None:
+    """Probe, not a patch: each call of the band loss appends the count of tokens its action mask lets in (what
+    its bounds, clip fractions and entropy are computed over) and, when it receives an entropy, that entropy's
+    sum over them to $E2E_LOSS_LOG (to compare the entropy of the same tokens before and after a step, and to
+    count the tokens an agent's run trained on)."""
     original = module.BandPolicyLoss.forward
 
-    def forward(self, *args, entropy=None, **kwargs):
-        result = original(self, *args, entropy=entropy, **kwargs)
-        path = os.environ.get("E2E_ENTROPY_LOG")
-        if path and entropy is not None:
+    def forward(self, log_probs, *args, entropy=None, **kwargs):
+        result = original(self, log_probs, *args, entropy=entropy, **kwargs)
+        path = os.environ.get("E2E_LOSS_LOG")
+        if path:
             mask = kwargs.get("action_mask")
-            keep = (mask != 0) if mask is not None else (entropy == entropy)
+            keep = (mask != 0) if mask is not None else (log_probs == log_probs)
+            record = {"tokens": int(keep.sum()), "entropy_sum": None if entropy is None else float(entropy[keep].sum())}
             with open(path, "a") as f:
-                f.write(json.dumps({"sum": float(entropy[keep].sum()), "tokens": int(keep.sum())}) + "\n")
+                f.write(json.dumps(record) + "\n")
         return result
 
     module.BandPolicyLoss.forward = forward
+
+
+def _record_agent_tokens(module) -> None:
+    """Probe, not a patch: each training batch appends, from the experience the actor trains on, its action tokens
+    (the action mask) and its environment tokens (after a sample's first action, attended, outside the mask: a
+    multi-turn agent's feedback) to $E2E_AGENT_LOG."""
+    original = module.ActorPPOTrainer.training_step
+
+    def training_step(self, experience, *args, **kwargs):
+        path = os.environ.get("E2E_AGENT_LOG")
+        if path:
+            action = experience.action_mask.bool()
+            attended = experience.attention_mask[:, -action.shape[1] :].bool()
+            environment = attended & ~action & (action.long().cumsum(dim=1) > 0)
+            with open(path, "a") as f:
+                f.write(json.dumps({"action_tokens": int(action.sum()), "environment_tokens": int(environment.sum())}))
+                f.write("\n")
+        return original(self, experience, *args, **kwargs)
+
+    module.ActorPPOTrainer.training_step = training_step
 
 
 def _compare_fused_logprobs(module) -> None:
@@ -330,8 +353,10 @@ PATCHES = {
         ("cuda_on_cpu", _cuda_on_cpu),
         ("sync_probe", _record_trainer_weights),
         ("fused_logprobs_probe", _compare_fused_logprobs),
+        ("agent_tokens_probe", _record_agent_tokens),
     ],
     "openrlhf.trainer.ray.launcher": [("cuda_on_cpu", _cuda_on_cpu)],
+    "openrlhf.trainer.ray.ppo_critic": [("cuda_on_cpu", _cuda_on_cpu)],  # PPO with a critic (gae)
     "openrlhf.trainer.ppo_utils.replay_buffer": [("cuda_on_cpu", _cuda_on_cpu)],
     "openrlhf.utils.deepspeed.deepspeed": [
         ("cuda_on_cpu", _cuda_on_cpu),
@@ -345,7 +370,7 @@ PATCHES = {
         ("gloo_weight_sync", _gloo_weight_sync_group),
     ],
     "openrlhf.trainer.ray.vllm_worker_wrap": [("cpu_weight_reload", _cpu_weight_reload)],
-    "openrlhf_band.integration.policy_loss": [("entropy_probe", _record_loss_entropy)],
+    "openrlhf_band.integration.policy_loss": [("loss_calls_probe", _record_loss_calls)],
     "openrlhf.models.loss": [("clip_bins_probe", _record_clip_bins)],
     "vllm.platforms.cpu": [("avx2_cpu_when_emulating", _avx2_cpu_when_emulating)],
 }
