@@ -96,7 +96,8 @@ _EPISODE: contextvars.ContextVar[_Episode] = contextvars.ContextVar("openrlhf_ba
 
 
 class _RecordingEngine:
-    """The engine `MultiTurnAgentExecutor` generates with, noting how each reply ended."""
+    """The engine `MultiTurnAgentExecutor` generates with, noting how each reply ended and how much room the
+    context has left after it."""
 
     def __init__(self, engine: Any, episode: _Episode):
         self._engine, self._episode = engine, episode

@@ -29,6 +29,7 @@ from openrlhf_band.recipe.results import load_scalars
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SH = ROOT / "studies" / "cpu_engine" / "train.sh"
 LEARN_SH = ROOT / "studies" / "learn" / "learn.sh"
+E2E_ASSETS = Path(os.environ.get("E2E_ASSETS") or ROOT / ".venv-e2e" / "assets")  # train.sh's model and data
 STEPS = 3  # 12 prompts at --rollout.batch_size 4, one episode (studies/cpu_engine/assets.py)
 PROMPTS, SAMPLES, MICRO_BATCH = 12, 4, 2  # train.sh: --rollout.n_samples_per_prompt, --train.micro_batch_size
 UPPER_CAP = 10.0  # the band's default cap (--actor.band.upper_cap)
@@ -96,10 +97,15 @@ def loss_calls(run: Run) -> list[dict]:
     return [json.loads(line) for line in (run.out / "loss.jsonl").read_text().splitlines()]
 
 
-# Each advantage estimator of OpenRLHF 0.11.2 that changes what the loss sees, and the band run it trains in
-# (group_norm, train.sh's, in all the others; reinforce, plain returns, only parses: tests/integration)
-ESTIMATORS = {"reinforce_baseline": "kl", "gae": "dcpo", "dr_grpo": "controller", "rloo": "two_epochs",
-              "flash_reinforce": "code"}  # fmt: skip
+def training_batches(run: Run) -> list[dict]:
+    """The shim's probe: one record per training batch (action and environment tokens, samples' prompts and scores)."""
+    return [json.loads(line) for line in (run.out / "batches.jsonl").read_text().splitlines()]
+
+
+# Each advantage estimator of OpenRLHF 0.11.2 other than train.sh's group_norm (which the other band runs train
+# with), and the band run it trains in (test_every_estimator_trains_with_the_band)
+ESTIMATORS = {"reinforce": "dppo", "reinforce_baseline": "kl", "gae": "dcpo", "dr_grpo": "controller",
+              "rloo": "two_epochs", "flash_reinforce": "code"}  # fmt: skip
 # vLLM's log-probs with every batch (the IS correction in clip mode: it weighs the loss, masks nothing), so that
 # band/behaviour_* show where the sampler was against the band's centre
 SYNC_IS_ARGS = ("--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip")
@@ -107,10 +113,6 @@ SYNC_IS_ARGS = ("--algo.advantage.is_correction_level", "token", "--algo.advanta
 
 def estimator(name: str) -> tuple[str, ...]:
     return ("--algo.advantage.estimator", name)
-
-
-def check_estimator(run: Run, name: str) -> None:
-    assert f"estimator='{name}'" in run.log, name  # in the arguments train_ppo_ray printed
 
 
 def check_centred_on_the_actor(run: Run, steps: list[int]) -> None:
@@ -175,7 +177,8 @@ DCPO_ARGS = ("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_lo
 
 
 # DAPO's filter with a range that keeps only groups whose mean score (train.sh's reward: 0/1, right about half the
-# time) is 0.5 or 0.75: about 6 of 16 groups are dropped, each replaced by the next prompt while prompts last
+# time) is 0.5 or 0.75: a group of 4 is dropped with probability 6/16, and replaced by the next prompt while
+# prompts last (3 of the 12 were dropped when written)
 FILTER_RANGE = (0.25, 1.0)
 
 
@@ -245,7 +248,6 @@ def test_the_band_clips_for_real_and_ppo_clip_ratio_is_its_two_sides(chi2_run):
 
 
 def test_band_kl_default_with_dual_clip_vllm_is_correction_and_the_triton_kernel(kl_run):
-    check_estimator(kl_run, "reinforce_baseline")
     band = resolved_band(kl_run)
     assert "divergence='kl'" in band and "delta=0.05" in band and "upper_cap=10.0" in band
     assert "dual_clip=10.0" in kl_run.log and "is_correction_level='token'" in kl_run.log
@@ -305,7 +307,6 @@ def test_checkpoint_resume_continues_the_step_counter_and_the_weights(controller
         assert "adaptive='entropy'" in resolved_band(run)
     assert sorted(controller_saved.scalars()["train/band/clip_frac_upper"]) == [1]
     check_band_metrics(controller_resumed, [2])  # the resumed run logs step 2, not step 1 again
-    check_estimator(controller_resumed, "dr_grpo")
     check_centred_on_the_actor(controller_saved, [1])
     check_centred_on_the_actor(controller_resumed, [2])  # vLLM holds the loaded weights
     assert "Loading the checkpoint" in controller_resumed.log
@@ -319,7 +320,6 @@ def test_checkpoint_resume_continues_the_step_counter_and_the_weights(controller
 
 def test_dcpo_bounds_with_a_critic_and_dynamic_filtering_through_the_real_engine(dcpo_run):
     assert "rule='dcpo'" in resolved_band(dcpo_run)
-    check_estimator(dcpo_run, "gae")
     scalars = dcpo_run.scalars()
     steps = sorted(scalars["train/policy_loss"])
     assert 1 <= len(steps) <= STEPS, steps
@@ -331,14 +331,21 @@ def test_dcpo_bounds_with_a_critic_and_dynamic_filtering_through_the_real_engine
     # the critic trained beside the band at every step, on the same experience
     for tag in ("train/critic_loss", "train/values"):
         assert sorted(scalars[tag]) == steps and all(math.isfinite(v) for v in scalars[tag].values()), tag
-    # the filter: every group it dropped had a mean score outside the range, and the band trained on the rest
-    # only, each kept prompt's samples once (one epoch, MICRO_BATCH samples a loss call)
+    # the filter: every group it dropped had a mean score outside the range, every group the band trained on one
+    # inside it (read from the batches trained on), each kept prompt's samples once (one epoch, MICRO_BATCH
+    # samples a loss call)
     dropped = [float(v) for v in re.findall(r"Filtered out: avg_reward=(-?[\d.]+)", dcpo_run.log)]
     low, high = FILTER_RANGE
     assert all(not low < v < high for v in dropped), dropped
-    kept = PROMPTS - len(dropped)
-    print(f"\ndynamic filtering: {len(dropped)} of {PROMPTS} prompts dropped, mean scores {dropped}")
-    assert len(loss_calls(dcpo_run)) == kept * SAMPLES // MICRO_BATCH, (len(dropped), len(loss_calls(dcpo_run)))
+    groups: dict[str, list[float]] = {}
+    for batch in training_batches(dcpo_run):
+        for prompt, score in batch["samples"]:
+            groups.setdefault(prompt, []).append(score)
+    print(f"\ndynamic filtering: {len(dropped)} of {PROMPTS} prompts dropped, mean scores {dropped}; "
+          f"kept {sorted(sum(g) / len(g) for g in groups.values())}")  # fmt: skip
+    assert len(groups) == PROMPTS - len(dropped) and all(len(g) == SAMPLES for g in groups.values()), groups
+    assert all(low < sum(g) / SAMPLES < high for g in groups.values()), groups
+    assert len(loss_calls(dcpo_run)) == len(groups) * SAMPLES // MICRO_BATCH, (len(groups), len(loss_calls(dcpo_run)))
     assert sorted(scalars["train/dynamic_filtering_pass_rate"]) == steps
 
 
@@ -568,7 +575,7 @@ def test_a_code_agent_trains_with_the_sandbox_as_its_tool(code_run):
     logs = {"code_found", "code_timeout", "sandbox_error", "visible_passed", "agent_turns"}
     scalars = check_task_run(code_run, logs, {"mbpp"})
     assert "code_agent.py'" in code_run.log and "remote_url=['agent']" in code_run.log  # the agent, no reward file
-    check_estimator(code_run, "flash_reinforce")
+    check_centred_on_the_actor(code_run, [1])
     # every sample ran in a working sandbox (a broken one would score 0 silently: it is logged, and must be 0)
     assert all(v == 0.0 for v in scalars["train/sandbox_error"].values()), scalars["train/sandbox_error"]
     assert all(v == 1.0 for v in scalars["train/code_found"].values())  # no fence: the whole reply is the program
@@ -579,18 +586,37 @@ def test_a_code_agent_trains_with_the_sandbox_as_its_tool(code_run):
 
 
 # Environment tokens never reach the band: its bounds, clip fractions, entropy and behaviour metrics are reductions
-# over the action mask the loss receives, and the loss's masks let in exactly the replies' tokens. (An environment
-# token that reached them would not stand out by its value: the actor zeroes the log-probs outside the mask, so it
-# would enter as p_old = 1 at ratio 1. The count is the check.)
+# over the action mask the loss receives. Each hole in the mask of the batches trained on must be one whole user
+# turn of the code agent, exactly as the tokenizer's chat template writes it: a mask that took in its first or last
+# token (or a reply's) would leave a hole that is not. (By its value an environment token would not stand out:
+# the actor zeroes the log-probs outside the mask, so it would enter the band as p_old = 1 at ratio 1.)
+FEEDBACK_STARTS = ("Your program failed this test", "Your program did not run", "I found no Python code block")
+
+
 def test_environment_tokens_never_reach_the_band(code_run):
-    batches = [json.loads(line) for line in (code_run.out / "agent_tokens.jsonl").read_text().splitlines()]
+    from transformers import AutoTokenizer
+
+    from openrlhf_band.recipe.agent_turns import ChatTurns
+
+    tokenizer = AutoTokenizer.from_pretrained(E2E_ASSETS / "model")
+    turns = ChatTurns.from_tokenizer(tokenizer)
+    opening, closing = turns.between.split("{message}")
+    reply_ends = {turns.end_of_reply, turns.end_of_reply.removeprefix(turns.eos)}  # a cut reply, one that ended
+    whole_turn = re.compile(
+        f"(?:{'|'.join(map(re.escape, reply_ends))}){re.escape(opening)}(?:{'|'.join(FEEDBACK_STARTS)}).*"
+        f"{re.escape(closing)}\\Z",
+        re.DOTALL,
+    )
+    batches = training_batches(code_run)
+    spans = [tokenizer.decode(s, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+             for b in batches for s in b["environment_spans"]]  # fmt: skip
     action = sum(b["action_tokens"] for b in batches)
-    environment = sum(b["environment_tokens"] for b in batches)
-    print(f"\nagent run: {action} reply tokens, {environment} environment tokens in {len(batches)} batches")
-    assert environment > 0, "no feedback turn reached the trainer"
-    # exact: every reply token once (one epoch), no environment token
-    assert sum(c["tokens"] for c in loss_calls(code_run)) == action, (action, environment)
-    assert len(loss_calls(code_run)) == len(batches)  # one loss call a training batch
+    print(f"\nagent run: {action} reply tokens, {sum(b['environment_tokens'] for b in batches)} environment "
+          f"tokens in {len(spans)} user turns, {len(batches)} batches")  # fmt: skip
+    assert spans, "no feedback turn reached the trainer"
+    assert [t for t in spans if not whole_turn.match(t)] == []
+    # and the loss received that mask: the tokens it let in are the batches' reply tokens, each once (one epoch)
+    assert sum(c["tokens"] for c in loss_calls(code_run)) == action
 
 
 def _read(path: Path) -> str:
@@ -643,7 +669,6 @@ def test_entropy_rule_through_the_real_engine(two_epoch_run):
     assert delta_sq > delta**2 * (1 + 1e-4)  # per-token radii: a real spread, not one value
     assert scalars["train/band/entropy_mean"][1] > 0
     assert "train/band/controller_delta" not in scalars
-    check_estimator(two_epoch_run, "rloo")
     check_band_metrics(two_epoch_run, [1])
     check_centred_on_the_actor(two_epoch_run, [1])
 
@@ -698,12 +723,12 @@ def floor_run(e2e_root) -> Run:
 
 @pytest.fixture(scope="session")
 def dppo_run(e2e_root) -> Run:
-    """DPPO-TV, with the fused lm_head log-probs and the entropy computed, trained asynchronously (one run
-    for all three: each run costs a minute or two of start-up)."""
+    """DPPO-TV, with the fused lm_head log-probs and the entropy computed, trained asynchronously with plain
+    REINFORCE returns (one run for all four: each run costs a minute or two of start-up)."""
     return trained(
         e2e_root / "dppo-tv", "--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv",
         "--band_delta", "0.15", "--ds.fused_logprobs", "--actor.entropy_coef", "0",
-        *ASYNC_ARGS, "--algo.advantage.is_correction_mode", "clip",
+        *ASYNC_ARGS, "--algo.advantage.is_correction_mode", "clip", *estimator("reinforce"),
     )  # fmt: skip
 
 
@@ -895,3 +920,18 @@ def test_the_learning_test_fails_when_nothing_is_learned(ppo_run):
     assert s["steps"] == STEPS
     assert after["mean_reward"] - before["mean_reward"] <= STUDY_SEED_SPREAD, (before, after)
     assert after["p_correct"] == pytest.approx(before["p_correct"], rel=1e-6), (before, after)
+
+
+# --- every advantage estimator -------------------------------------------------------------------------------
+def test_every_estimator_trains_with_the_band(chi2_run, kl_run, dcpo_run, controller_resumed, two_epoch_run, code_run,
+                                              dppo_run):  # fmt: skip
+    parser = (ROOT / ".venv-e2e" / "lib" / "python3.11" / "site-packages" / "openrlhf" / "cli" / "train_ppo_ray.py")
+    choices = re.search(r'"--algo\.advantage\.estimator",.*?choices=\[([^\]]*)\]', parser.read_text(), re.DOTALL)
+    assert choices, "train_ppo_ray's estimator choices not found"
+    assert set(re.findall(r'"(\w+)"', choices.group(1))) == {"group_norm", *ESTIMATORS}
+    runs = {"kl": kl_run, "dcpo": dcpo_run, "controller": controller_resumed, "two_epochs": two_epoch_run,
+            "code": code_run, "dppo": dppo_run}  # fmt: skip
+    assert "estimator='group_norm'" in chi2_run.log
+    for name, run in ESTIMATORS.items():
+        assert f"estimator='{name}'" in runs[run].log, name  # in the arguments train_ppo_ray printed
+        assert "policy_loss_type='band'" in runs[run].log, name

@@ -60,6 +60,9 @@ class ScriptedEngine:
         self.budgets.append(sampling_params.max_tokens)
         text = self.replies.pop(0)
         ids = TOKENIZER(text, add_special_tokens=False)["input_ids"] + ([TOKENIZER.eos_token_id] if self.eos else [])
+        if sampling_params.max_tokens is not None and len(ids) > sampling_params.max_tokens:  # cut, as vLLM cuts
+            ids = ids[: sampling_params.max_tokens]
+            text = TOKENIZER.decode(ids, skip_special_tokens=False)
         logprobs = [{t: SimpleNamespace(logprob=-0.5)} for t in ids]
         out = SimpleNamespace(token_ids=ids, text=text, finish_reason="stop" if self.eos else "length",
                               logprobs=logprobs)  # fmt: skip
@@ -166,7 +169,7 @@ def test_a_reply_the_context_has_no_room_to_answer_is_scored_as_the_last():
     turn = len(probe.prompts[1]) - first  # the user turn after the first reply, in tokens
     # room for the turn and one token of a reply: the episode goes on, the second reply gets that one token
     result, engine = run_episode(tasks.agent_file("code"), MBPP_LABEL, [WRONG, RIGHT], max_length=first + turn + 1)
-    assert engine.budgets[1] == 1 and result["reward"] == 1.0
+    assert engine.budgets[1] == 1 and len(engine.prompts) == 2 and result["action_ranges"][1][1] == first + turn + 1
     # room for the turn only: the first reply is the last, scored on every test (no code_found of 0 from a turn)
     result, engine = run_episode(tasks.agent_file("code"), MBPP_LABEL, [WRONG, RIGHT], max_length=first + turn)
     assert len(engine.prompts) == 1 and result["reward"] == 0.0 and result["action_ranges"] == [(tokens(PROMPT), first)]

@@ -198,21 +198,39 @@ def _record_loss_calls(module) -> None:
     module.BandPolicyLoss.forward = forward
 
 
-def _record_agent_tokens(module) -> None:
-    """Probe, not a patch: each training batch appends, from the experience the actor trains on, its action tokens
-    (the action mask) and its environment tokens (after a sample's first action, attended, outside the mask: a
-    multi-turn agent's feedback) to $E2E_AGENT_LOG."""
+def _record_training_batches(module) -> None:
+    """Probe, not a patch: each training batch appends to $E2E_BATCH_LOG, from the experience the actor trains on,
+    its action tokens (the action mask), its environment tokens (after a sample's first action, attended, outside
+    the mask: a multi-turn agent's feedback) with the token ids of each such span, and each sample's prompt
+    (a digest) and score (what DAPO's filter reads)."""
     original = module.ActorPPOTrainer.training_step
 
     def training_step(self, experience, *args, **kwargs):
-        path = os.environ.get("E2E_AGENT_LOG")
+        path = os.environ.get("E2E_BATCH_LOG")
         if path:
             action = experience.action_mask.bool()
+            tokens = experience.sequences[:, -action.shape[1] :]  # the token each action position predicts
             attended = experience.attention_mask[:, -action.shape[1] :].bool()
             environment = attended & ~action & (action.long().cumsum(dim=1) > 0)
+            spans = []
+            for row, ids in zip(environment.tolist(), tokens.tolist()):
+                span = []
+                for inside, token in zip([*row, False], [*ids, None]):
+                    if inside:
+                        span.append(token)
+                    elif span:
+                        spans.append(span)
+                        span = []
+            scores = experience.scores.tolist() if experience.scores is not None else [None] * len(action)
+            record = {
+                "action_tokens": int(action.sum()),
+                "environment_tokens": int(environment.sum()),
+                "environment_spans": spans,
+                "samples": [[hashlib.sha1(p.encode()).hexdigest()[:12], score]
+                            for p, score in zip(experience.prompts, scores)],  # fmt: skip
+            }
             with open(path, "a") as f:
-                f.write(json.dumps({"action_tokens": int(action.sum()), "environment_tokens": int(environment.sum())}))
-                f.write("\n")
+                f.write(json.dumps(record) + "\n")
         return original(self, experience, *args, **kwargs)
 
     module.ActorPPOTrainer.training_step = training_step
@@ -353,7 +371,7 @@ PATCHES = {
         ("cuda_on_cpu", _cuda_on_cpu),
         ("sync_probe", _record_trainer_weights),
         ("fused_logprobs_probe", _compare_fused_logprobs),
-        ("agent_tokens_probe", _record_agent_tokens),
+        ("training_batches_probe", _record_training_batches),
     ],
     "openrlhf.trainer.ray.launcher": [("cuda_on_cpu", _cuda_on_cpu)],
     "openrlhf.trainer.ray.ppo_critic": [("cuda_on_cpu", _cuda_on_cpu)],  # PPO with a critic (gae)
