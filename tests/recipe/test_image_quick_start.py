@@ -145,10 +145,14 @@ def test_the_quick_start_runs_as_written_and_writes_to_the_mounts(image_tree):
     cwd, mounts = image_tree["cwd"], image_tree["mounts"]
     for command in commands:
         words = shlex.split(command)
+        settings = {}  # leading NAME=value words: the script's environment, as the shell reads them
+        while re.fullmatch(r"[A-Z][A-Z0-9_]*=\S*", words[0]):
+            name, value = words.pop(0).split("=", 1)
+            settings[name] = value
         if words[0] == "bash":
             assert (cwd / words[1]).is_file(), f"{words[1]} is not in the image's working directory"
             done = subprocess.run(
-                words, cwd=cwd, env={**image_tree["env"], "DRY_RUN": "1", "PYTHONWARNINGS": "ignore"},
+                words, cwd=cwd, env={**image_tree["env"], **settings, "DRY_RUN": "1", "PYTHONWARNINGS": "ignore"},
                 capture_output=True, text=True, timeout=600,
             )  # fmt: skip
             assert done.returncode == 0, command + "\n" + done.stderr[-3000:]
@@ -158,7 +162,7 @@ def test_the_quick_start_runs_as_written_and_writes_to_the_mounts(image_tree):
             assert on_a_mount(data, mounts) and on_a_mount(outputs, mounts), (command, data, outputs, mounts)
             assert '"policy_loss_type"' in done.stdout and done.stdout.lstrip().startswith("{")  # JSON alone
         else:
-            assert words[0] == "openrlhf-band", command
+            assert words[0] == "openrlhf-band" and not settings, command
             subcommand = subprocess.run(
                 [*words[:2], "--help"], cwd=cwd, env=image_tree["env"], capture_output=True, text=True, timeout=300
             )
