@@ -8,7 +8,7 @@
 # The container starts in the repository, /workspace/openrlhf-band, so README's GPU quick start runs as
 # written; its data, runs and results are links to /workspace/data, /workspace/runs and /workspace/results,
 # the three mounts above, so prepared data, every run's outputs (train.log, TensorBoard, checkpoints, the
-# model) and the results table outlive the container (tests/recipe/test_image_quick_start.py lays a tree out
+# model) and the results table outlive the container (tests/launcher/test_image_quick_start.py lays a tree out
 # from this file and runs the quick start in it).
 # --ipc=host: Ray's object store and NCCL use /dev/shm; Docker's 64 MB default breaks them (or
 # --shm-size=32g instead). Non-root: docker build --build-arg USER_UID=1000 ... runs as user "rl".
@@ -20,7 +20,7 @@
 #
 # Versions agree with each other: vllm==0.29.0 pins torch==2.13.0, whose Linux wheel is a CUDA 13.0
 # build (it requires cuda-toolkit==13.0.3; requirements/torch-2.13.0-linux-x86_64-metadata.json,
-# which tests/recipe/test_dockerfile.py holds this default against). The base image only supplies
+# which tests/launcher/test_dockerfile.py holds this default against). The base image only supplies
 # nvcc and the CUDA headers for compiling flash-attn; torch brings its own CUDA runtime.
 #
 # flash-attn is off by default: every flash-attn release up to 2.8.3.post2 compiles with -std=c++17, while

@@ -13,7 +13,7 @@
 # Without --upgrade the committed lock is uv's preference, so an unchanged input reproduces it.
 # The CPU locks are constraints: a package the image shares with requirements/cpu-lock.txt or
 # requirements/e2e-lock.txt gets the version the CPU tests run, except the packages in NOT_CONSTRAINED,
-# which the CUDA stack requires at another version (the reasons: tests/recipe/test_locks.py). The CPU locks
+# which the CUDA stack requires at another version (the reasons: tests/launcher/test_locks.py). The CPU locks
 # themselves are not regenerated here: neither records a command that made them, so they are the fixed side.
 # flash-attn, which openrlhf requires, is left out (an override with a marker that never holds): the Dockerfile
 # installs it apart, opt-in.

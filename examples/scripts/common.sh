@@ -6,7 +6,7 @@
 # Environment (all optional):
 #   MODEL            HF model id or path      (default deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B)
 #   TASK             math (default), reasoning-gym, code or mc: picks the data, the reward file and the
-#                    eval (openrlhf_band/recipe/tasks.py; docs/tasks.md)
+#                    eval (openrlhf_band/tasks/__init__.py; docs/tasks.md)
 #   DATA_DIR         output of `openrlhf-band prepare-data --source TASK` (train.jsonl, eval.jsonl; default
 #                    ./data for math, ./data/TASK otherwise); when DATA_DIR/train.jsonl is missing the
 #                    launcher runs prepare-data into it first, with PREPARE_ARGS (word-split) added, e.g.
@@ -27,7 +27,7 @@
 #                    starts/joins Ray itself)
 #   RAY_WORKING_DIR  what `ray job submit` uploads as the job's working directory (default .: a relative
 #                    path in EXTRA_ARGS, e.g. your own reward file, then works on every node); data, runs,
-#                    environments and .git are never uploaded (openrlhf_band/recipe/ray_job.py); none:
+#                    environments and .git are never uploaded (openrlhf_band/launcher/ray_job.py); none:
 #                    upload nothing
 #   WANDB_API_KEY    log to Weights & Biases (project WANDB_PROJECT, default openrlhf-band)
 #   NO_TENSORBOARD=1 do not write TensorBoard logs (default: OUTPUT_DIR/tensorboard)
@@ -102,12 +102,12 @@ launch() {
   echo "[$METHOD] attention: ${attn_args[*]}" >&2
   # the task's reward file (an unknown TASK stops here, naming the valid ones); for code, the sandbox is
   # checked here too: a machine without the isolation it needs stops now, with the fix, not mid-run
-  reward_py="$(python3 -m openrlhf_band.recipe.tasks reward-file "$task")"
-  python3 -m openrlhf_band.recipe.tasks preflight "$task"
+  reward_py="$(python3 -m openrlhf_band.tasks reward-file "$task")"
+  python3 -m openrlhf_band.tasks preflight "$task"
   local reward_args=(--reward.remote_url "$reward_py")
   if [[ "${AGENT:-0}" == 1 ]]; then
     local agent_py
-    agent_py="$(python3 -m openrlhf_band.recipe.tasks agent-file "$task")" || return 2
+    agent_py="$(python3 -m openrlhf_band.tasks agent-file "$task")" || return 2
     reward_args=(--train.agent_func_path "$agent_py")
   fi
   if [[ -z "${DRY_RUN:-}" && ! -s "$data_dir/train.jsonl" ]]; then
@@ -198,7 +198,7 @@ launch() {
   # a Ctrl-C stops the run, not the copy of its shutdown messages)
   if [[ -n "${RAY_ADDRESS:-}" ]]; then
     local runtime_env
-    runtime_env="$(python3 -m openrlhf_band.recipe.ray_job runtime-env --working-dir "${RAY_WORKING_DIR:-.}" \
+    runtime_env="$(python3 -m openrlhf_band.launcher.ray_job runtime-env --working-dir "${RAY_WORKING_DIR:-.}" \
       --exclude-path "$data_dir" --exclude-path "$output_root")"
     echo "[$METHOD] ray job submit to $RAY_ADDRESS, runtime env $runtime_env" >&2
     ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$runtime_env" \

@@ -63,7 +63,7 @@ def score_rate(reward, rows: list[tuple[str, str]], threads: int) -> float:
 
 
 def run(workers: list[int], n: int, threads: int) -> dict:
-    from openrlhf_band.recipe import reward
+    from openrlhf_band.tasks.math import reward
 
     require_modules("math_verify", "pebble")
     sets = {kind: responses(kind, n) for kind in ("hard", "mix")}

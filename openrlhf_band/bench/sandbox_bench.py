@@ -6,7 +6,7 @@ run by three providers, each sample in a fresh process tree, `--threads` samples
 - `unsandboxed`: one `python -I -S` process runs the program, the test and `check(entry_point)`
   together (what HumanEval's own helper does, in a subprocess), with a wall-clock timeout: no
   isolation, no separate checking process;
-- `rlimits`: openrlhf_band.recipe.sandbox in its weaker mode (the harness, a separate candidate process
+- `rlimits`: openrlhf_band.sandbox in its weaker mode (the harness, a separate candidate process
   with resource limits, nobody when run as root);
 - `namespaces`: the default sandbox (user, pid, network, mount, IPC and UTS namespaces, read-only mounts,
   private tmpfs, no capabilities, resource limits).
@@ -49,7 +49,7 @@ def _unsandboxed(problem: dict) -> bool:
 
 
 def _sandboxed(mode: str) -> Callable[[dict], bool]:
-    from openrlhf_band.recipe import sandbox
+    from openrlhf_band import sandbox
 
     limits = sandbox.Limits(wall_s=WALL_S)
 
@@ -70,8 +70,8 @@ def rate(provider: Callable[[dict], bool], problems: list[dict], threads: int) -
 
 
 def run(threads: int, rounds: int, providers: tuple[str, ...] = PROVIDERS) -> dict:
-    from openrlhf_band.recipe import sandbox
-    from openrlhf_band.recipe.code_data import humaneval_problems
+    from openrlhf_band import sandbox
+    from openrlhf_band.tasks.code.data import humaneval_problems
 
     problems = humaneval_problems()
     runners = {}

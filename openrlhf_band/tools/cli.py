@@ -128,14 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_arguments(p)
     p.set_defaults(func=_module_command("openrlhf_band.bench.aot"))
 
-    from openrlhf_band.recipe import models, results, tasks
+    from openrlhf_band.launcher import models, results
+    from openrlhf_band.tasks import prepare
     from openrlhf_band.tools import demo
 
     for name, module, help_text in (
         ("demo", demo, demo_help()),
         (
             "prepare-data",
-            tasks,
+            prepare,
             "write a task's train / eval JSONL: math (DAPO-Math-17k + MATH; AIME 24/25, AMC 23, the default), "
             "reasoning-gym, code (MBPP / APPS; HumanEval) or mc (CommonsenseQA, MMLU)",
         ),

@@ -163,7 +163,7 @@ def summarize(task: Path, run: Path, seconds: float, samples: int = 16, seed: in
 def _tensorboard(root: Path) -> tuple[dict[str, dict[int, float]], list[float]]:
     """(every scalar as {tag: {step: value}}, the wall times of the training steps in order: each step's
     latest train/ event)."""
-    from openrlhf_band.recipe.results import load_scalar_events
+    from openrlhf_band.launcher.results import load_scalar_events
 
     events = load_scalar_events(root)
     step_wall: dict[int, float] = {}

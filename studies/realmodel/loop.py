@@ -184,10 +184,10 @@ class Task:
 
 
 def gym_reward_fn() -> Callable[[list[str], list[str], list[str]], list[float]]:
-    """The reasoning-gym reward file that trains the engine runs (recipe/gym_reward.py): scores in [0, 1]."""
+    """The reasoning-gym reward file that trains the engine runs (tasks/gym/reward.py): scores in [0, 1]."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "openrlhf_band" / "recipe" / "gym_reward.py"
+    path = Path(__file__).resolve().parents[2] / "openrlhf_band" / "tasks" / "gym" / "reward.py"
     spec = importlib.util.spec_from_file_location("realmodel_gym_reward", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -88,7 +88,7 @@ def calls_per_step(run: Path) -> int:
 
 
 def summarize(run: Path, before: Path, seconds: float) -> dict:
-    from openrlhf_band.recipe.results import load_scalars
+    from openrlhf_band.launcher.results import load_scalars
 
     scalars = load_scalars(run / "tensorboard")
     metrics = {tag: {str(step): v for step, v in series.items()} for tag, series in scalars.items()}
@@ -129,7 +129,7 @@ def first_step(out: Path, methods: list[str]) -> int:
 
 
 def token_bins(out: Path, before: Path, docs: Path, command: str) -> str:
-    from openrlhf_band.recipe.results import load_scalars
+    from openrlhf_band.launcher.results import load_scalars
 
     start = json.loads(before.read_text())
     rows = {}

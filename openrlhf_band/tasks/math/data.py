@@ -1,0 +1,521 @@
+"""`openrlhf-band prepare-data --out DIR`: the paper's training and evaluation prompts as JSONL for OpenRLHF.
+
+Writes three files in DIR:
+
+- `train.jsonl`: DAPO-Math-17k (deduplicated by problem text) plus MATH (Hendrycks) train, levels 3-5,
+  the MATH answer being the content of the solution's last `\\boxed{...}`. Label: the plain answer string.
+- `eval.jsonl`: AIME 2024, AIME 2025 and AMC 2023. Label: the JSON string
+  `{"answer": ..., "reward": "accuracy"}`, for which the project's reward function returns 0/1, so
+  OpenRLHF's eval metrics are accuracies.
+- `manifest.json`: where each source came from and how many rows it gave, dropped and wrote.
+
+Every row is `{"prompt": ..., "label": ..., "datasource": ...}`. The prompt is the DAPO prompt
+(`PROMPT_TEMPLATE`) as plain text; the chat template is applied by OpenRLHF. Problems are deduplicated
+by whitespace-normalised text, across DAPO and MATH together, and a training problem whose text equals
+an evaluation problem's is dropped (both counted in the manifest).
+
+OpenRLHF 0.11.2 flags for these files (`openrlhf/cli/train_ppo_ray.py`, `openrlhf/datasets/prompts_dataset.py`)::
+
+    --data.prompt_dataset DIR/train.jsonl --eval.dataset DIR/eval.jsonl
+    --data.input_key prompt --data.label_key label --data.apply_chat_template
+    --eval.n_samples_per_prompt 32 --eval.temperature 1.0
+
+`--data.prompt_split` and `--eval.split` keep their default `train` (a local JSONL file loads as the
+split `train`). Do not pass `--data.input_template`: the prompt is complete. The data-source key is not a
+flag: `PromptDataset` always reads the field `datasource` (default "default"), and the trainer reports
+`eval_{datasource}_pass1` (mean accuracy over the samples, mean@32) and `eval_{datasource}_pass{n}`
+(pass@n) for each of `aime24`, `aime25` and `amc23`. OpenRLHF requires `--reward.remote_url` (a `.py`
+file with `reward_func`) or `--train.agent_func_path` whenever `--eval.dataset` is given.
+
+Sources come from the Hugging Face Hub (`SOURCES` below holds every hub id, split and column; edit it
+there). Each can be replaced by a local copy, `--source NAME=PATH` (a JSON/JSONL/parquet file or a
+directory of them, e.g. a downloaded snapshot of the hub repository), or by another hub repository with
+the same columns, `--hub-id NAME=OWNER/REPO`. Without hub access the command stops with one line naming
+the source and the `--source` to pass, exit status 1; with `HF_HUB_OFFLINE=1` the hub cache is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openrlhf_band.tasks.text import last_boxed
+
+PROMPT_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+PROMPT_TEMPLATE = PROMPT_PREFIX + "{problem}" + PROMPT_SUFFIX
+
+# the keys written in every row; pass them as --data.input_key / --data.label_key ("datasource" is fixed
+# in OpenRLHF's PromptDataset)
+INPUT_KEY = "prompt"
+LABEL_KEY = "label"
+DATASOURCE_KEY = "datasource"
+
+HUB_PROBE_TIMEOUT_S = 10.0
+MATH_SUBJECTS = (
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset: where it lives on the hub and which columns hold the problem and the answer.
+
+    `problem` and `answer` are column names, or dotted paths into a struct column
+    ("reward_model.ground_truth"). A problem given as chat messages uses the first user message, and the
+    DAPO instruction around it, if present, is removed. With `answer_in_boxed` the answer is the last
+    `\\boxed{}` of that column's text. With `level` the rows are kept only if the number in that column
+    is one of --math-levels.
+    """
+
+    role: str  # "train" or "eval"
+    hub_id: str
+    split: str
+    problem: str
+    answer: str
+    configs: tuple[str | None, ...] = (None,)
+    answer_in_boxed: bool = False
+    level: str | None = None
+
+
+# name -> source; the name is also the row's datasource, the --source / --hub-id key and the manifest key
+SOURCES: dict[str, Source] = {
+    "dapo": Source("train", "BytedTsinghua-SIA/DAPO-Math-17k", "train", "prompt", "reward_model.ground_truth"),
+    "math": Source(
+        "train",
+        "EleutherAI/hendrycks_math",
+        "train",
+        "problem",
+        "solution",
+        configs=MATH_SUBJECTS,
+        answer_in_boxed=True,
+        level="level",
+    ),
+    "aime24": Source("eval", "HuggingFaceH4/aime_2024", "train", "problem", "answer"),
+    "aime25": Source("eval", "math-ai/aime25", "test", "problem", "answer"),
+    "amc23": Source("eval", "math-ai/amc23", "test", "question", "answer"),
+}
+
+
+class SourceError(Exception):
+    """A source cannot be read; the message is the one line shown to the user."""
+
+
+class _Unreachable(SourceError):
+    """The hub did not answer (DNS, connection, proxy or timeout)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# text helpers
+# ---------------------------------------------------------------------------------------------
+def problem_text(value: Any) -> str | None:
+    """The bare problem: the first user message of a chat, without the DAPO instruction around it."""
+    if isinstance(value, list):
+        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role", "user") == "user"]
+        value = users[0] if users else None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    text = text.removeprefix(PROMPT_PREFIX.strip()).removesuffix(PROMPT_SUFFIX.strip()).strip()
+    return text or None
+
+
+def answer_text(value: Any) -> str | None:
+    """An answer as a string: 27.0 -> "27", a one-element list -> its element, blanks -> None."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if value is None or isinstance(value, (list, dict)):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    return text or None
+
+
+def dedup_key(problem: str) -> str:
+    return " ".join(problem.split())
+
+
+def level_number(value: Any) -> int | None:
+    """3 from "Level 3" or 3; None from "Level ?"."""
+    match = re.search(r"\d+", str(value))
+    return int(match.group(0)) if match else None
+
+
+def format_prompt(problem: str) -> str:
+    return PROMPT_TEMPLATE.format(problem=problem)
+
+
+def eval_label(answer: str) -> str:
+    return json.dumps({"answer": answer, "reward": "accuracy"})
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def _file_format(path: Path) -> str | None:
+    return _FORMATS.get(path.suffix.lower())
+
+
+def local_data_files(path: Path, split: str) -> tuple[str, list[str]]:
+    """(loader name, files) for a local file, or a directory of them (only the split's files, when the
+    names say which split they hold: `train-0000.parquet`, `train/...`, `..._train.jsonl`)."""
+    if path.is_file():
+        files = [path]
+        if _file_format(path) is None:
+            raise SourceError(f"{path}: not a .json, .jsonl or .parquet file")
+    elif path.is_dir():
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and _file_format(p) and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if not files:
+            raise SourceError(f"{path}: no .json, .jsonl or .parquet files in this directory")
+        token = re.compile(rf"(^|[-_.]){re.escape(split)}([-_.]|$)")
+        in_split = [p for p in files if token.search(p.name) or split in p.relative_to(path).parts[:-1]]
+        files = in_split or files
+    else:
+        raise SourceError(f"{path}: no such file or directory")
+    formats = {_file_format(p) for p in files}
+    if len(formats) > 1:
+        raise SourceError(f"{path}: mixes JSON and parquet files; keep one format")
+    return formats.pop(), [str(p) for p in files]
+
+
+def _hub_offline() -> bool:
+    import datasets
+
+    return bool(datasets.config.HF_HUB_OFFLINE)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def probe_hub(hub_id: str) -> None:
+    """Fail fast (one request, a short timeout, no retries) when the hub or the repository is not there."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        HfApi().dataset_info(hub_id, timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError as err:
+        raise SourceError(f"the hub dataset is gated; accept its terms and log in ({_first_line(err)})") from None
+    except RepositoryNotFoundError:
+        raise SourceError("no such dataset on the Hugging Face Hub (or it is private)") from None
+    except HfHubHTTPError as err:
+        raise SourceError(f"the Hugging Face Hub answered with an error ({_first_line(err)})") from None
+    except Exception as err:  # DNS, connect, proxy, timeout: the transport's own exception types
+        raise _Unreachable(_first_line(err)) from None
+
+
+@dataclass
+class Resolved:
+    name: str
+    source: Source
+    origin: str  # "hub:ID" or the local path
+    local: tuple[str, list[str]] | None = None
+
+
+def resolve_sources(overrides: dict[str, str], hub_ids: dict[str, str]) -> list[Resolved]:
+    """Check every source before anything is downloaded: local paths exist, hub repositories answer."""
+    resolved = []
+    offline = None
+    for name, source in SOURCES.items():
+        if name in overrides:
+            path = Path(overrides[name]).expanduser()
+            try:
+                local = local_data_files(path, source.split)
+            except SourceError as err:
+                raise SourceError(f"source '{name}': {err}") from None
+            resolved.append(Resolved(name, source, str(path), local))
+            continue
+        hub_id = hub_ids.get(name, source.hub_id)
+        if offline is None:
+            offline = _hub_offline()
+        if not offline:
+            try:
+                probe_hub(hub_id)
+            except _Unreachable as err:
+                reason = f"{err}; HF_HUB_OFFLINE=1 would use a cached copy, if there is one"
+                raise SourceError(_unreachable_message(name, hub_id, reason, overrides)) from None
+            except SourceError as err:
+                raise SourceError(f"source '{name}' ({hub_id}): {err}; {_how_to_override(name)}") from None
+        resolved.append(Resolved(name, source, f"hub:{hub_id}"))
+    return resolved
+
+
+def _how_to_override(name: str) -> str:
+    return f"pass a local copy with --source {name}=PATH (a JSON/JSONL/parquet file or a directory of them)"
+
+
+def _unreachable_message(name: str, hub_id: str, reason: str, overrides: dict[str, str]) -> str:
+    missing = [n for n in SOURCES if n not in overrides]
+    return (
+        f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {_how_to_override(name)}"
+        f" (sources without --source: {', '.join(missing)})"
+    )
+
+
+def read_local(name: str, origin: str, local: tuple[str, list[str]]):
+    """A local copy's rows as a `datasets.Dataset` (`local` from local_data_files); one-line SourceError."""
+    from datasets import load_dataset
+
+    loader, files = local
+    try:
+        return load_dataset(loader, data_files=files, split="train")
+    except Exception as err:
+        raise SourceError(f"source '{name}': cannot read {origin} ({_first_line(err)})") from None
+
+
+def read_hub(name: str, hub_id: str, config: str | None, split: str, unreachable, where: str = ""):
+    """A hub split's rows as a `datasets.Dataset`; one-line SourceError. `unreachable(reason)` words the message
+    when the hub cannot be reached; `where` is added after the repository in any other failure (", split x")."""
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(hub_id, config, split=split)
+    except ConnectionError as err:  # offline without a cached copy, or the network went away
+        reason = _first_line(err)
+        if _hub_offline():
+            reason = f"HF_HUB_OFFLINE is set and there is no cached copy; {reason}"
+        raise SourceError(unreachable(reason)) from None
+    except Exception as err:
+        what = f"{hub_id}, config {config}" if config else hub_id
+        raise SourceError(f"source '{name}' ({what}{where}): loading failed ({_first_line(err)})") from None
+
+
+def load_source(entry: Resolved, overrides: dict[str, str]):
+    """The source's rows as a `datasets.Dataset`."""
+    from datasets import concatenate_datasets
+
+    if entry.local is not None:
+        return read_local(entry.name, entry.origin, entry.local)
+    hub_id = entry.origin.removeprefix("hub:")
+    parts = [
+        read_hub(
+            entry.name, hub_id, config, entry.source.split,
+            lambda reason: _unreachable_message(entry.name, hub_id, reason, overrides),
+        )  # fmt: skip
+        for config in entry.source.configs
+    ]
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# rows
+# ---------------------------------------------------------------------------------------------
+def _get(row: dict, path: str) -> Any:
+    value: Any = row
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _iter_rows(dataset, columns: list[str]) -> Iterator[dict]:
+    for batch in dataset.select_columns(columns).iter(batch_size=10_000):
+        for values in zip(*(batch[c] for c in columns)):
+            yield dict(zip(columns, values))
+
+
+def extract(name: str, source: Source, dataset, levels: Iterable[int], stats: dict) -> Iterator[tuple[str, str]]:
+    """(problem, answer) pairs of one source; counts what it drops in `stats`."""
+    columns = [source.problem.split(".")[0], source.answer.split(".")[0]]
+    if source.level:
+        columns.append(source.level)
+    columns = list(dict.fromkeys(columns))
+    absent = [c for c in columns if c not in dataset.column_names]
+    if absent:
+        raise SourceError(
+            f"source '{name}': no column {', '.join(map(repr, absent))} (columns: {', '.join(dataset.column_names)});"
+            " the column names are in SOURCES in openrlhf_band/tasks/math/data.py"
+        )
+    levels = set(levels)
+    for row in _iter_rows(dataset, columns):
+        stats["rows_read"] += 1
+        if source.level:
+            if level_number(row[source.level]) not in levels:
+                stats["level_filtered"] += 1
+                continue
+        problem = problem_text(_get(row, source.problem))
+        answer = _get(row, source.answer)
+        if source.answer_in_boxed:
+            answer = last_boxed(answer) if isinstance(answer, str) else None
+        else:
+            answer = answer_text(answer)
+        if problem is None or answer is None:
+            stats["missing_problem_or_answer"] += 1
+            continue
+        yield problem, answer
+
+
+def _new_stats(entry: Resolved) -> dict:
+    stats = {"origin": entry.origin, "split": entry.source.split, "rows_read": 0}
+    if entry.source.level:
+        stats["level_filtered"] = 0
+    stats["missing_problem_or_answer"] = 0
+    stats["duplicates_dropped"] = 0
+    if entry.source.role == "train":
+        stats["eval_overlap_dropped"] = 0
+    stats["written"] = 0
+    return stats
+
+
+def build(resolved: list[Resolved], overrides: dict[str, str], levels: Iterable[int]):
+    """(train rows, eval rows, manifest)."""
+    levels = tuple(sorted(set(levels)))
+    datasets_by_name = {entry.name: load_source(entry, overrides) for entry in resolved}
+    stats = {entry.name: _new_stats(entry) for entry in resolved}
+
+    eval_rows, eval_seen = [], set()
+    for entry in (e for e in resolved if e.source.role == "eval"):
+        s = stats[entry.name]
+        for problem, answer in extract(entry.name, entry.source, datasets_by_name[entry.name], levels, s):
+            key = dedup_key(problem)
+            if key in eval_seen:  # the trainer maps prompt -> datasource: keep prompts unique
+                s["duplicates_dropped"] += 1
+                continue
+            eval_seen.add(key)
+            eval_rows.append(
+                {INPUT_KEY: format_prompt(problem), LABEL_KEY: eval_label(answer), DATASOURCE_KEY: entry.name}
+            )
+            s["written"] += 1
+
+    train_rows, train_seen = [], set()
+    for entry in (e for e in resolved if e.source.role == "train"):
+        s = stats[entry.name]
+        for problem, answer in extract(entry.name, entry.source, datasets_by_name[entry.name], levels, s):
+            key = dedup_key(problem)
+            if key in train_seen:
+                s["duplicates_dropped"] += 1
+                continue
+            train_seen.add(key)
+            if key in eval_seen:
+                s["eval_overlap_dropped"] += 1
+                continue
+            train_rows.append({INPUT_KEY: format_prompt(problem), LABEL_KEY: answer, DATASOURCE_KEY: entry.name})
+            s["written"] += 1
+
+    def section(role: str, rows: list) -> dict:
+        names = [e.name for e in resolved if e.source.role == role]
+        return {
+            "rows": len(rows),
+            "duplicates_dropped": sum(stats[n]["duplicates_dropped"] for n in names),
+            "sources": {n: stats[n] for n in names},
+        }
+
+    manifest = {
+        "keys": {"input_key": INPUT_KEY, "label_key": LABEL_KEY, "datasource_key": DATASOURCE_KEY},
+        "prompt_template": PROMPT_TEMPLATE,
+        "math_levels": list(levels),
+        "train": section("train", train_rows),
+        "eval": section("eval", eval_rows),
+    }
+    return train_rows, eval_rows, manifest
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_outputs(out: Path, train_rows: list, eval_rows: list, manifest: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for filename, rows in (("train.jsonl", train_rows), ("eval.jsonl", eval_rows)):
+        _write_atomic(out / filename, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    _write_atomic(out / "manifest.json", json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
+    pairs = {}
+    for value in values or []:
+        name, sep, target = value.partition("=")
+        name, target = name.strip(), target.strip()
+        if not sep or not name or not target:
+            raise SourceError(f"{flag} {value!r}: expected NAME=VALUE")
+        if name not in SOURCES:
+            raise SourceError(f"{flag} {value!r}: unknown source {name!r}; valid names: {', '.join(SOURCES)}")
+        pairs[name] = target
+    return pairs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    names = ", ".join(SOURCES)
+    parser.add_argument("--out", required=True, help="directory for train.jsonl, eval.jsonl and manifest.json")
+    parser.add_argument(
+        "--source",
+        action="append",
+        metavar="NAME=PATH",
+        help=f"read source NAME ({names}) from a local JSON/JSONL/parquet file or directory instead of the hub",
+    )
+    parser.add_argument(
+        "--hub-id",
+        action="append",
+        metavar="NAME=OWNER/REPO",
+        help="read source NAME from another hub dataset with the same split and columns",
+    )
+    parser.add_argument(
+        "--math-levels", type=int, nargs="+", default=[3, 4, 5], help="MATH levels to keep (default: 3 4 5)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.utils.logging.set_verbosity_error()
+        overrides = _pairs(args.source, "--source")
+        hub_ids = _pairs(args.hub_id, "--hub-id")
+        resolved = resolve_sources(overrides, hub_ids)
+        train_rows, eval_rows, manifest = build(resolved, overrides, args.math_levels)
+    except SourceError as err:
+        print(f"openrlhf-band prepare-data: error: {err}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    write_outputs(out, train_rows, eval_rows, manifest)
+    per_source = ", ".join(
+        f"{n} {s['written']}" for part in ("train", "eval") for n, s in manifest[part]["sources"].items()
+    )
+    print(
+        f"wrote {out / 'train.jsonl'} ({len(train_rows)} rows, {manifest['train']['duplicates_dropped']} duplicates"
+        f" dropped), {out / 'eval.jsonl'} ({len(eval_rows)} rows) and {out / 'manifest.json'} [{per_source}]"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openrlhf-band prepare-data", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main(build_parser().parse_args()))

