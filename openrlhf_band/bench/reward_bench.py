@@ -70,14 +70,14 @@ def run(workers: list[int], n: int, threads: int) -> dict:
     rows = []
     for count in workers:
         os.environ["OPENRLHF_BAND_REWARD_WORKERS"] = str(count)
-        reward._shutdown()
+        reward.POOL.shutdown()
         if not reward.warmup(180):
             raise RuntimeError(f"{count} math-verify workers did not start")
         for kind, data in sets.items():
             score_rate(reward, data[: max(1, n // 10)], threads)  # warm caches
             rate = score_rate(reward, data, threads)
             rows.append({"workers": count, "set": kind, "responses_per_s": rate, "per_worker": rate / count})
-    reward._shutdown()
+    reward.POOL.shutdown()
     return {"benchmark": "reward", "responses": n, "threads": threads, "cpus": os.cpu_count(), "rows": rows}
 
 

@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Limits", "SandboxUnavailable", "Verdict", "MODES", "mode_from_env", "require", "run_tests"]
+__all__ = ["Limits", "SandboxUnavailable", "Verdict", "MODES", "mode_from_env", "preflight", "require", "run_tests"]
 
 MODES = ("namespaces", "rlimits")
 MODE_ENV = "OPENRLHF_BAND_CODE_SANDBOX"
@@ -326,6 +326,17 @@ def require(mode: str | None = None, limits: Limits | None = None) -> str:
     if problem is not None:
         raise SandboxUnavailable(f"the '{mode}' code sandbox does not work here ({problem}); {_FIXES}")
     return mode
+
+
+def preflight() -> str:
+    """One line for a launcher's log once the configured mode works here ("namespaces, programs on /usr/bin/python3
+    as nobody"); SandboxUnavailable, with what to do, when it does not."""
+    try:
+        mode = require()
+    except ValueError as err:  # an unknown OPENRLHF_BAND_CODE_SANDBOX
+        raise SandboxUnavailable(str(err)) from None
+    info = describe(mode=mode)
+    return f"{mode}, programs on {info['python']}" + (" as nobody" if info["runs_as_nobody"] else "")
 
 
 def describe(limits: Limits | None = None, mode: str | None = None) -> dict:

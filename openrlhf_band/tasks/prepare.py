@@ -7,8 +7,10 @@ __init__.py) names the reward file written into the manifest.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from openrlhf_band.tasks import DEFAULT_TASK, TASKS, reward_file
 
@@ -71,12 +73,6 @@ def _split_sources(values: list[str] | None) -> tuple[str, list[str]]:
     return task, [v for v in values or [] if "=" in v]
 
 
-def _names(value: str | None, default: tuple[str, ...]) -> list[str]:
-    if value is None:
-        return list(default)
-    return [name.strip() for name in value.split(",") if name.strip()]
-
-
 def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
     pairs = {}
     for value in values or []:
@@ -87,65 +83,32 @@ def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
     return pairs
 
 
-def _refuse_foreign(args: argparse.Namespace, task: str) -> None:
-    """A flag of another task is a mistake worth one line, not silence."""
-    owners = {
-        "tasks": "reasoning-gym", "task_option": "reasoning-gym", "allow_executing_scorers": "reasoning-gym",
-        "shots": "reasoning-gym",
-        "train": ("code", "mc"), "eval": ("code", "mc"), "max_eval": ("mc",),
-    }  # fmt: skip
+def _refuse_foreign(args: argparse.Namespace, task: str, data_modules: dict[str, ModuleType]) -> None:
+    """A flag of another task is a mistake worth one line, not silence: each task's data module names the
+    flags it alone reads (`FLAGS`)."""
+    owners: dict[str, list[str]] = {}
+    for name, module in data_modules.items():
+        for attr in module.FLAGS:
+            owners.setdefault(attr, []).append(name)
     for attr, owner in owners.items():
-        owner = (owner,) if isinstance(owner, str) else owner
         if getattr(args, attr) not in (None, [], False) and task not in owner:
             flag = "--" + attr.replace("_", "-")
             raise ValueError(f"{flag} is for --source {' / '.join(owner)}, not {task}")
 
 
 def build(args: argparse.Namespace) -> tuple[str, list[dict], list[dict], dict]:
-    """(task, train rows, eval rows, manifest) as the arguments ask."""
+    """(task, train rows, eval rows, manifest) as the arguments ask, from the task's own data module."""
     task, local = _split_sources(args.source)
-    _refuse_foreign(args, task)
+    data_modules = {name: importlib.import_module(t.data_module) for name, t in TASKS.items()}
+    _refuse_foreign(args, task, data_modules)
     overrides, hub_ids = _pairs(local, "--source"), _pairs(args.hub_id, "--hub-id")
-    if task == "math":
-        from openrlhf_band.tasks.math import data
-
-        resolved = data.resolve_sources(data._pairs(local, "--source"), data._pairs(args.hub_id, "--hub-id"))
-        train, evals, manifest = data.build(resolved, overrides, args.math_levels)
-    elif task == "reasoning-gym":
-        from openrlhf_band.tasks.gym import data as gym_data
-
-        if not args.tasks:
-            raise ValueError("--source reasoning-gym needs --tasks NAME[:WEIGHT][,...] (e.g. leg_counting,chain_sum)")
-        if overrides or hub_ids:
-            raise ValueError("reasoning-gym generates its items: --source NAME=PATH and --hub-id do not apply")
-        options = gym_data.parse_options(args.task_option)
-        train, evals, manifest = gym_data.build(
-            gym_data.parse_tasks(args.tasks), args.size, args.eval_size, args.seed, options,
-            allow_executing_scorers=args.allow_executing_scorers, shots=args.shots,
-        )  # fmt: skip
-    elif task == "code":
-        from openrlhf_band.tasks.code import data as code_data
-
-        train, evals, manifest = code_data.build(
-            _names(args.train, code_data.DEFAULT_TRAIN), _names(args.eval, code_data.DEFAULT_EVAL), overrides, hub_ids
-        )
-    else:
-        from openrlhf_band.tasks.choice import data as choice_data
-
-        train, evals, manifest = choice_data.build(
-            overrides,
-            hub_ids,
-            _names(args.train, ("commonsense_qa",)),
-            _names(args.eval, ("commonsense_qa", "mmlu")),
-            args.max_eval,
-            args.seed,
-        )
+    train, evals, manifest = data_modules[task].prepare(args, local, overrides, hub_ids)
     manifest = {**manifest, "task": task, "reward_file": TASKS[task].reward_module}  # the registry's name wins
     return task, train, evals, manifest
 
 
 def main(args: argparse.Namespace) -> int:
-    from openrlhf_band.tasks.math.data import SourceError, write_outputs
+    from openrlhf_band.tasks.sources import SourceError, write_outputs
 
     try:
         import datasets

@@ -2,15 +2,22 @@
 
 OpenRLHF 0.11.2 calls `reward_func(queries, prompts, labels)` (usually one sample per call, from a worker
 thread) and reads `{"rewards": Tensor[B], "scores": Tensor[B], "extra_logs": {name: Tensor[B]}}`, float32.
-A reward file must never raise, so both halves accept anything.
+A reward file must never raise, so both halves accept anything. A query is the decoded prompt + response
+(`decode(..., skip_special_tokens=False)`): `response_text` cuts the prompt off, and `SPECIAL_TOKEN_RE`
+matches the special tokens decoding leaves in it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["align", "as_output", "map_samples"]
+__all__ = ["SPECIAL_TOKEN_RE", "align", "as_output", "map_samples", "response_text"]
+
+# Special tokens that `decode(..., skip_special_tokens=False)` leaves in the query (Qwen/Llama-3
+# `<|...|>`, DeepSeek `<｜...｜>`, Llama-2/Mistral `</s>`, Gemma `<eos>` / `<end_of_turn>`).
+SPECIAL_TOKEN_RE = re.compile(r"<\|[^<>|\s]{1,48}\|>|<｜[^<>｜]{1,48}｜>|</?s>|<eos>|<end_of_turn>|<pad>")
 
 
 def _as_list(values: Any) -> list:
@@ -32,6 +39,21 @@ def align(queries: Any, prompts: Any, labels: Any) -> tuple[list, list, list]:
     prompts = (_as_list(prompts) + [None] * n)[:n]
     labels = (_as_list(labels) + [None] * n)[:n]
     return queries, prompts, labels
+
+
+def response_text(query: Any, prompt: Any) -> str:
+    """The response part of an OpenRLHF query (decoded prompt + response); "" for a query that is not a str."""
+    if not isinstance(query, str):
+        return ""
+    if isinstance(prompt, str) and prompt:
+        if query.startswith(prompt):
+            return query[len(prompt) :]
+        # Decoding may not reproduce the prompt exactly (or it was truncated from the left): find its tail.
+        tail = prompt[-64:]
+        idx = query.find(tail)
+        if idx >= 0:
+            return query[idx + len(tail) :]
+    return query
 
 
 def map_samples(score_one, samples: Sequence[tuple], workers: int) -> list:

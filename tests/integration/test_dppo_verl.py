@@ -34,6 +34,7 @@ import math
 import pytest
 import torch
 import verl_dppo
+import verl_objectives
 
 from openrlhf_band import band_token_loss
 from openrlhf_band.integration.policy_loss import BandPolicyLoss
@@ -59,10 +60,7 @@ NEAR_RADIUS_ULPS = 32.0
 
 @pytest.fixture(scope="module")
 def verl():
-    try:
-        return verl_dppo.load()
-    except verl_dppo.VerlGroundTruthMissing as err:  # a test that cannot run must fail, not skip
-        pytest.fail(str(err))
+    return verl_objectives.load_or_fail(verl_dppo.load)  # a test that cannot run must fail, not skip
 
 
 def rollout_batch(seed: int, vocab: int, batch: int = BATCH, length: int = LENGTH, group: int = GROUP):
@@ -77,18 +75,9 @@ def rollout_batch(seed: int, vocab: int, batch: int = BATCH, length: int = LENGT
     (r - mean) / (std + 1e-6): both signs, and exactly 0 for a group with equal rewards.
     """
     gen = torch.Generator().manual_seed(seed)
-    scale = torch.empty(batch, 1, 1).uniform_(math.log(0.3), math.log(12.0), generator=gen).exp()
-    logits = torch.randn(batch, length, vocab, generator=gen) * scale
-    boost = (torch.rand(batch, length, 1, generator=gen) < 0.3) * torch.empty(batch, length, 1).uniform_(
-        0, 25, generator=gen
+    _, old_all, new_all, tokens = verl_objectives.draw_policies(
+        gen, batch, length, vocab, max_temperature=12.0, max_boost=25, sigmas=(0.02, 0.1, 0.4, 1.2)
     )
-    logits.scatter_add_(-1, torch.randint(0, vocab, (batch, length, 1), generator=gen), boost)
-    old_all = torch.log_softmax(logits, dim=-1)
-    tokens = torch.multinomial(old_all.exp().view(-1, vocab), 1, generator=gen).view(batch, length)
-    uniform = torch.randint(0, vocab, (batch, length), generator=gen)
-    tokens = torch.where(torch.rand(batch, length, generator=gen) < 0.02, uniform, tokens)
-    sigma = torch.tensor([0.02, 0.1, 0.4, 1.2])[torch.randint(0, 4, (batch,), generator=gen)].view(batch, 1, 1)
-    new_all = torch.log_softmax(logits + sigma * torch.randn(batch, length, vocab, generator=gen), dim=-1)
     old = old_all.gather(-1, tokens[..., None])[..., 0]
     new = new_all.gather(-1, tokens[..., None])[..., 0]
     lengths = torch.randint(1, length + 1, (batch,), generator=gen)

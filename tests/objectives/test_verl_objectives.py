@@ -111,10 +111,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def verl():
-    try:
-        return VO.load()
-    except VO.VerlGroundTruthMissing as err:  # a test that cannot run must fail, not skip
-        pytest.fail(str(err))
+    return VO.load_or_fail(VO.load)  # a test that cannot run must fail, not skip
 
 
 @dataclass

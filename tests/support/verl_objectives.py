@@ -28,7 +28,9 @@ differentiated).
 
 `rollout_batch` draws rollout-like float32 batches (old log-probs of tokens sampled from a softmax
 policy, new log-probs from perturbed logits, vLLM log-probs from slightly different logits,
-variable lengths, GRPO or per-token advantages).
+variable lengths, GRPO or per-token advantages); `draw_policies`, its first draws (the old policy, the
+sampled tokens, the new policy), is also test_dppo_verl's. `load_or_fail` is both tests' `verl` fixture:
+a missing wheel fails the test, never skips it.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from __future__ import annotations
 import functools
 import math
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
+import pytest
 import torch
 from verl_dppo import (
     CORE_ALGOS,
@@ -61,8 +65,10 @@ __all__ = [
     "POLICY_LOSSES",
     "RECORDER",
     "load",
+    "load_or_fail",
     "run_verl",
     "rollout_batch",
+    "draw_policies",
 ]
 
 # our objective name -> verl 0.9.1's function
@@ -77,6 +83,7 @@ POLICY_LOSSES = {
 AGG_MODES = {True: "token-mean", False: "seq-mean-token-mean"}
 # the options that verl reads from config.policy_loss (the rest are ActorConfig attributes)
 POLICY_LOSS_KEYS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+T = TypeVar("T")
 
 
 class ActorConfig:
@@ -150,6 +157,15 @@ def load(root: Path = VERL_ROOT) -> types.SimpleNamespace:
         masked_sum=verl_F.masked_sum,
         masked_mean=verl_F.masked_mean,
     )
+
+
+def load_or_fail(load: Callable[[], T]) -> T:
+    """`load()` (verl_dppo.load or this module's load), or the calling test fails, never skips, with the
+    VerlGroundTruthMissing message (which says to run `make venv`): a test that cannot run must fail."""
+    try:
+        return load()
+    except VerlGroundTruthMissing as err:
+        pytest.fail(str(err))
 
 
 def verl_config(
@@ -231,6 +247,43 @@ def run_verl(
     )
 
 
+def draw_policies(
+    gen: torch.Generator,
+    batch: int,
+    length: int,
+    vocab: int,
+    *,
+    max_temperature: float,
+    max_boost: float,
+    sigmas: tuple[float, ...],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The old policy, its sampled tokens and a perturbed new policy of a rollout-like batch, drawn from
+    `gen` in one fixed order (the rollout batches here and in test_dppo_verl draw the rest after these).
+
+    Old policy: log_softmax of N(0, s^2) logits, a per-sequence temperature s log-uniform in
+    [0.3, max_temperature], and on 30% of the positions one token boosted by U(0, max_boost) (confident
+    tokens); the sampled token is drawn from the old policy (2% uniformly: rare tokens). New policy: the
+    logits plus sigma N(0, 1), sigma per sequence drawn uniformly from `sigmas`.
+
+    Returns (logits, old_all, new_all, tokens): the old policy's logits and both policies' log-probs,
+    float32 (batch, length, vocab), and the sampled token ids, int64 (batch, length).
+    """
+    scale = torch.empty(batch, 1, 1).uniform_(math.log(0.3), math.log(max_temperature), generator=gen).exp()
+    logits = torch.randn(batch, length, vocab, generator=gen) * scale
+    boost = (torch.rand(batch, length, 1, generator=gen) < 0.3) * torch.empty(batch, length, 1).uniform_(
+        0, max_boost, generator=gen
+    )
+    logits.scatter_add_(-1, torch.randint(0, vocab, (batch, length, 1), generator=gen), boost)
+    old_all = torch.log_softmax(logits, dim=-1)
+    tokens = torch.multinomial(old_all.exp().view(-1, vocab), 1, generator=gen).view(batch, length)
+    uniform = torch.randint(0, vocab, (batch, length), generator=gen)
+    tokens = torch.where(torch.rand(batch, length, generator=gen) < 0.02, uniform, tokens)
+    pick = torch.randint(0, len(sigmas), (batch,), generator=gen)
+    sigma = torch.tensor(sigmas)[pick].view(batch, 1, 1)
+    new_all = torch.log_softmax(logits + sigma * torch.randn(batch, length, vocab, generator=gen), dim=-1)
+    return logits, old_all, new_all, tokens
+
+
 def rollout_batch(
     seed: int,
     batch: int = 96,
@@ -259,18 +312,9 @@ def rollout_batch(
 @functools.cache
 def _rollout_batch(seed, batch, length, vocab, group, per_token_advantages):
     gen = torch.Generator().manual_seed(seed)
-    scale = torch.empty(batch, 1, 1).uniform_(math.log(0.3), math.log(8.0), generator=gen).exp()
-    logits = torch.randn(batch, length, vocab, generator=gen) * scale
-    boost = (torch.rand(batch, length, 1, generator=gen) < 0.3) * torch.empty(batch, length, 1).uniform_(
-        0, 20, generator=gen
+    logits, old_all, new_all, tokens = draw_policies(
+        gen, batch, length, vocab, max_temperature=8.0, max_boost=20, sigmas=(0.02, 0.1, 0.3, 0.8)
     )
-    logits.scatter_add_(-1, torch.randint(0, vocab, (batch, length, 1), generator=gen), boost)
-    old_all = torch.log_softmax(logits, dim=-1)
-    tokens = torch.multinomial(old_all.exp().view(-1, vocab), 1, generator=gen).view(batch, length)
-    uniform = torch.randint(0, vocab, (batch, length), generator=gen)
-    tokens = torch.where(torch.rand(batch, length, generator=gen) < 0.02, uniform, tokens)
-    sigma = torch.tensor([0.02, 0.1, 0.3, 0.8])[torch.randint(0, 4, (batch,), generator=gen)].view(batch, 1, 1)
-    new_all = torch.log_softmax(logits + sigma * torch.randn(batch, length, vocab, generator=gen), dim=-1)
     jump = torch.where(torch.rand(batch, length, 1, generator=gen) < 0.03, 1.5, 0.05)
     rollout_all = torch.log_softmax(logits + jump * torch.randn(batch, length, vocab, generator=gen), dim=-1)
     pick = tokens[..., None]

@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 from reward_files import in_thread, load_reward_file
 
+from openrlhf_band.tasks import sources
 from openrlhf_band.tasks.choice import data as choice_data
 from openrlhf_band.tasks.choice.data import SourceError
-from openrlhf_band.tasks.math import data
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "mc"
 OVERRIDES = {"commonsense_qa": str(FIXTURES / "commonsense_qa"), "mmlu": str(FIXTURES / "mmlu")}
 BOTH = ["commonsense_qa", "mmlu"]
-REWARD_PATH = REPO / "openrlhf_band" / "recipe" / "choice_reward.py"
+REWARD_PATH = REPO / "openrlhf_band" / "tasks" / "choice" / "reward.py"
 
 
 reward = load_reward_file(REWARD_PATH)
@@ -262,7 +262,7 @@ def test_normalise(question, choices, answer, expected):
 
 def test_unreachable_hub_is_one_line_naming_the_source_and_the_flag(monkeypatch):
     def unreachable(hub_id):
-        raise data._Unreachable("ConnectError: [Errno -3] Temporary failure in name resolution")
+        raise sources._Unreachable("ConnectError: [Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(choice_data, "probe_hub", unreachable)
     monkeypatch.setattr(choice_data, "_hub_offline", lambda: False)
@@ -301,7 +301,7 @@ def test_offline_without_a_cached_copy_is_one_line(monkeypatch):
         raise ConnectionError("Couldn't reach 'tau/commonsense_qa' on the Hub (LocalEntryNotFoundError)\nmore")
 
     monkeypatch.setattr(choice_data, "_hub_offline", lambda: True)  # the probe is skipped
-    monkeypatch.setattr(data, "_hub_offline", lambda: True)  # read_hub words the missing cache
+    monkeypatch.setattr(sources, "_hub_offline", lambda: True)  # read_hub words the missing cache
     monkeypatch.setattr(datasets, "load_dataset", no_cache)
     with pytest.raises(SourceError) as info:
         choice_data.build({}, {}, [], ["commonsense_qa"])

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from openrlhf_band.tasks import sources
 from openrlhf_band.tasks.code import data as code_data
 from openrlhf_band.tasks.code.data import SourceError
-from openrlhf_band.tasks.math import data
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "code"
 OVERRIDES = {"mbpp": str(FIXTURES / "mbpp"), "apps": str(FIXTURES / "apps")}
 BOTH = ["mbpp", "apps"]
-CODE_REWARD_PATH = REPO / "openrlhf_band" / "recipe" / "code_reward.py"
+CODE_REWARD_PATH = REPO / "openrlhf_band" / "tasks" / "code" / "reward.py"
 ROW_KEYS = {"prompt", "label", "datasource"}
 
 
@@ -347,7 +347,7 @@ def test_unreachable_hub_names_the_source_to_pass(monkeypatch):
 
     def unreachable(hub_id):
         probed.append(hub_id)
-        raise data._Unreachable("test")
+        raise sources._Unreachable("test")
 
     monkeypatch.setattr(code_data, "probe_hub", unreachable)
     monkeypatch.setattr(code_data, "_hub_offline", lambda: False)
@@ -370,7 +370,7 @@ def test_offline_without_a_cache_names_the_source_to_pass(monkeypatch, no_hub):
     with pytest.raises(SourceError) as err:
         code_data.build([], ["mbpp"], {}, {})
     message = str(err.value)
-    assert "\n" not in message and "split test: loading failed (ConnectionError: " in message
+    assert "\n" not in message and "the Hugging Face Hub is unreachable (ConnectionError: " in message
     assert "--source apps=PATH" not in message and "--source mbpp=PATH" in message
 
 

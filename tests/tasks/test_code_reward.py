@@ -12,7 +12,6 @@ tiny program (~0.1 s each).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -25,10 +24,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from reward_files import in_thread, load_reward_file
+from reward_files import in_thread, load_reward_file, rewards_via_openrlhf
 
 ROOT = Path(__file__).resolve().parents[2]
-CODE_REWARD_PATH = ROOT / "openrlhf_band" / "recipe" / "code_reward.py"
+CODE_REWARD_PATH = ROOT / "openrlhf_band" / "tasks" / "code" / "reward.py"
 LOG_NAMES = {"code_found", "code_timeout", "sandbox_error"}
 
 
@@ -391,12 +390,8 @@ def test_garbage_inputs_do_not_raise():
 
 
 def test_openrlhf_calls_it_from_a_worker_thread():
-    from openrlhf.utils.agent import SingleTurnAgentExecutor
-
-    executor = SingleTurnAgentExecutor(remote_rm_url=str(CODE_REWARD_PATH))
     queries = [CHAT_PROMPT + _fenced(ADD), CHAT_PROMPT + _fenced(ADD_WRONG)]
-    # asyncio.to_thread, one sample a call: what the rollout does
-    infos = asyncio.run(executor._fetch_rewards_via_func(queries, [CHAT_PROMPT] * 2, [MBPP_LABEL] * 2))
+    infos = rewards_via_openrlhf(CODE_REWARD_PATH, queries, [CHAT_PROMPT] * 2, [MBPP_LABEL] * 2)
     assert [info["rewards"].tolist() for info in infos] == [[1.0], [0.0]]
     for info in infos:
         _assert_contract(info, 1)

@@ -23,7 +23,7 @@ from openrlhf_band.tasks.gym import data as gym_data
 from openrlhf_band.tasks.gym.data import GymDataError
 
 REPO = Path(__file__).resolve().parents[2]
-REWARD_PATH = REPO / "openrlhf_band" / "recipe" / "gym_reward.py"
+REWARD_PATH = REPO / "openrlhf_band" / "tasks" / "gym" / "reward.py"
 ASSETS_PATH = REPO / "studies" / "cpu_engine" / "assets.py"
 
 TASKS = {"chain_sum": 1.0, "basic_arithmetic": 1.0}
@@ -298,7 +298,7 @@ def gym_reward():
         reward = load_reward_file(REWARD_PATH, "reward_func")
         assert reward.warmup(120), "reasoning-gym scoring workers did not start"
         yield reward
-        reward._shutdown()
+        reward.POOL.shutdown()
 
 
 def test_the_reward_scores_the_reply_not_the_shown_answers(built, tokenizer, gym_reward):

@@ -8,7 +8,6 @@ module written here and named in OPENRLHF_BAND_GYM_REWARD_IMPORTS).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import sys
@@ -18,12 +17,12 @@ import pytest
 import reasoning_gym
 import torch
 from reasoning_gym.factory import DATASETS
-from reward_files import in_thread, load_reward_file
+from reward_files import in_thread, load_reward_file, one_value_per_sample, rewards_via_openrlhf
 
 from openrlhf_band.tasks.gym import data as gym_data
 from openrlhf_band.tasks.gym.data import GymDataError
 
-REWARD_PATH = Path(__file__).resolve().parents[2] / "openrlhf_band" / "recipe" / "gym_reward.py"
+REWARD_PATH = Path(__file__).resolve().parents[2] / "openrlhf_band" / "tasks" / "gym" / "reward.py"
 TIMEOUT_S = 1.0  # OPENRLHF_BAND_GYM_REWARD_TIMEOUT in the hang tests
 DEADLINE_S = 2.0  # wall-clock bound asserted for a hanging sample (2 CPUs, a loaded machine)
 
@@ -99,7 +98,7 @@ def _pool(tmp_path_factory):
         mp.setenv("OPENRLHF_BAND_GYM_REWARD_IMPORTS", "band_gym_hang_plugin")
         assert gym_reward.warmup(120), "reasoning-gym scoring workers did not start"
         yield
-        gym_reward._shutdown()
+        gym_reward.POOL.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -509,26 +508,13 @@ def test_batch_output_types_and_shapes(built):
 
 
 def test_openrlhf_loads_the_file_and_gets_a_one_element_tensor_per_sample(built, monkeypatch):
-    from openrlhf.utils.agent import SingleTurnAgentExecutor
-
     monkeypatch.setenv("OPENRLHF_BAND_GYM_REWARD_WORKERS", "1")  # this copy of the file starts its own pool
-    executor = SingleTurnAgentExecutor(remote_rm_url=str(REWARD_PATH))
-    try:
-        row = next(r for r in built[0] if r["datasource"] == "gsm_symbolic")
-        answer = json.loads(row["label"])["entry"]["answer"]
-        prompt = f"<|im_start|>user\n{row['prompt']}<|im_end|>\n<|im_start|>assistant\n"
-        query = prompt + f"Step by step.\n<answer>{answer}</answer><|im_end|>"
-        # asyncio.to_thread: the call happens in a worker thread, as in the rollout
-        infos = asyncio.run(executor._fetch_rewards_via_func([query], [prompt], [row["label"]]))
-        info = infos[0]
-        assert set(info) == {"rewards", "scores", "extra_logs"}
-        rewards, scores = torch.tensor([info["rewards"]]), torch.tensor([info["scores"]])
-        assert rewards.shape == scores.shape == (1,)
-        assert rewards.item() == 1.0 and scores.item() == 1.0
-        for value in info["extra_logs"].values():
-            assert torch.tensor([value.flatten()[0].item()]).shape == (1,)
-    finally:
-        executor.reward_func.__globals__["_shutdown"]()
+    row = next(r for r in built[0] if r["datasource"] == "gsm_symbolic")
+    answer = json.loads(row["label"])["entry"]["answer"]
+    prompt = f"<|im_start|>user\n{row['prompt']}<|im_end|>\n<|im_start|>assistant\n"
+    query = prompt + f"Step by step.\n<answer>{answer}</answer><|im_end|>"
+    (info,) = rewards_via_openrlhf(REWARD_PATH, [query], [prompt], [row["label"]])
+    assert one_value_per_sample(info) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -579,23 +565,23 @@ def test_the_hang_task_scores_normally():
 def test_a_python_hang_is_interrupted_in_the_worker(answer, monkeypatch):
     monkeypatch.setenv("OPENRLHF_BAND_GYM_REWARD_TIMEOUT", str(TIMEOUT_S))
     assert gym_reward.warmup(120)
-    before = gym_reward._POOL.worker_pids()
+    before = gym_reward.POOL.current.worker_pids()
     out, seconds = in_thread(gym_reward.reward_func, [f"<answer>{answer}</answer>"], [""], [_hang_label()])
     assert seconds < DEADLINE_S, f"{seconds:.2f} s"
     assert out["rewards"].tolist() == [-1.0] and out["scores"].tolist() == [0.0]
     assert out["extra_logs"]["score_timeout"].tolist() == [1.0]
-    assert gym_reward._POOL.worker_pids() == before  # the worker interrupted itself: nobody was killed
+    assert gym_reward.POOL.current.worker_pids() == before  # the worker interrupted itself: nobody was killed
 
 
 def test_a_scorer_deaf_to_signals_is_killed_at_the_deadline(monkeypatch):
     monkeypatch.setenv("OPENRLHF_BAND_GYM_REWARD_TIMEOUT", str(TIMEOUT_S))
     assert gym_reward.warmup(120)
-    before = gym_reward._POOL.worker_pids()
+    before = gym_reward.POOL.current.worker_pids()
     out, seconds = in_thread(gym_reward.reward_func, ["<answer>stuck</answer>"], [""], [_hang_label(accuracy=True)])
     assert seconds < DEADLINE_S, f"{seconds:.2f} s"
     assert out["rewards"].tolist() == [0.0] and out["extra_logs"]["score_timeout"].tolist() == [1.0]
     assert gym_reward.warmup(120)  # pebble replaced the killed worker
-    assert len(before - gym_reward._POOL.worker_pids()) == 1
+    assert len(before - gym_reward.POOL.current.worker_pids()) == 1
     assert _run(["<answer>1</answer>"], [_hang_label()])[0] == [1.0]
 
 
@@ -615,8 +601,8 @@ def test_workers_are_pickled_by_their_importable_name():
     # OpenRLHF loads the file as "reward_func"; the workers must run the package module's functions
     assert gym_reward.__name__ == "reward_func" and gym_reward.WORKER_MODULE in sys.modules
     assert gym_reward.warmup(120)
-    assert gym_reward._POOL._worker.__name__ == gym_reward.WORKER_MODULE
-    assert gym_reward._POOL._worker.score.__module__ == gym_reward.WORKER_MODULE
+    assert gym_reward.POOL.current.worker.__name__ == gym_reward.WORKER_MODULE
+    assert gym_reward.POOL.current.worker.score.__module__ == gym_reward.WORKER_MODULE
 
 
 def test_scorers_that_run_the_answer_as_code_are_refused_unless_allowed():

@@ -8,7 +8,7 @@ from a non-main thread, including when a worker process hangs and has to be kill
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -20,9 +20,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reward_files import in_thread, load_reward_file
+from reward_files import in_thread, load_reward_file, one_value_per_sample, rewards_via_openrlhf
 
-REWARD_PATH = Path(__file__).resolve().parents[2] / "openrlhf_band" / "recipe" / "reward.py"
+REWARD_PATH = Path(__file__).resolve().parents[2] / "openrlhf_band" / "tasks" / "math" / "reward.py"
 DEADLINE_S = 2.5  # wall-clock bound asserted per hostile sample (the module's verification deadline is 1.5 s)
 
 
@@ -37,7 +37,7 @@ reward = _load()
 def _pool():
     assert reward.warmup(120), "math-verify workers did not start"
     yield
-    reward._shutdown()
+    reward.POOL.shutdown()
 
 
 def _one(response, label, prompt=""):
@@ -50,24 +50,10 @@ def _one(response, label, prompt=""):
 
 
 def test_openrlhf_loads_the_file_and_gets_a_one_element_tensor_per_sample():
-    from openrlhf.utils.agent import SingleTurnAgentExecutor
-
-    executor = SingleTurnAgentExecutor(remote_rm_url=str(REWARD_PATH))
-    try:
-        prompt = "<|im_start|>user\nSolve 1+1.<|im_end|>\n<|im_start|>assistant\n"
-        query = prompt + "1+1=2.\nAnswer: 2<|im_end|>"
-        # asyncio.to_thread: the call happens in a worker thread, as in the rollout
-        infos = asyncio.run(executor._fetch_rewards_via_func([query], [prompt], ["2"]))
-        info = infos[0]
-        assert set(info) == {"rewards", "scores", "extra_logs"}
-        # what samples_generator._process_response_into_experience does with them
-        rewards, scores = torch.tensor([info["rewards"]]), torch.tensor([info["scores"]])
-        assert rewards.shape == scores.shape == (1,)
-        assert rewards.item() == 1.0 and scores.item() == 1.0
-        for value in info["extra_logs"].values():
-            assert torch.tensor([value.flatten()[0].item()]).shape == (1,)
-    finally:
-        executor.reward_func.__globals__["_shutdown"]()
+    prompt = "<|im_start|>user\nSolve 1+1.<|im_end|>\n<|im_start|>assistant\n"
+    query = prompt + "1+1=2.\nAnswer: 2<|im_end|>"
+    (info,) = rewards_via_openrlhf(REWARD_PATH, [query], [prompt], ["2"])  # its own copy of the file and pool
+    assert one_value_per_sample(info) == (1.0, 1.0)
 
 
 def test_batch_output_types_and_shapes():
@@ -303,7 +289,7 @@ def test_a_hung_worker_is_killed_and_replaced(monkeypatch):
     # frozen between tasks, no worker takes a check: the wait for a free worker is what bounds it
     monkeypatch.setenv("OPENRLHF_BAND_REWARD_ACQUIRE_TIMEOUT", "0.5")
     assert reward.warmup(120)
-    pool = reward._POOL
+    pool = reward.POOL.current
     stopped = sorted(pool.worker_pids())
     for pid in stopped:  # freeze every worker: only the parent's deadline can end these checks
         os.kill(pid, signal.SIGSTOP)
@@ -321,16 +307,24 @@ def test_a_hung_worker_is_killed_and_replaced(monkeypatch):
         assert seconds < DEADLINE_S
         assert out["rewards"].tolist() == [-1.0] and out["extra_logs"]["verify_timeout"].tolist() == [1.0]
     assert reward.warmup(120)
-    assert not set(stopped) & reward._POOL.worker_pids()
+    replacement = reward.POOL.current
+    assert not set(stopped) & replacement.worker_pids()
     for pid in stopped:  # killed and reaped
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    # the replaced pool, once closed and collected, leaves its successor alone (its exit hook was once tied to it)
+    for thread in threading.enumerate():
+        if thread.name.endswith("-pool-close"):
+            thread.join(30)
+    del pool
+    gc.collect()
+    assert reward.POOL.current is replacement and replacement.worker_pids()
     assert _one("Answer: 1/2", "0.5")[:2] == (1.0, 1.0)
 
 
 def _child(conn):
     out = reward.reward_func(["Answer: \\frac{1}{2}"], [""], ["0.5"])
-    conn.send((os.getpid(), reward._POOL.pid, out["rewards"].tolist()))
+    conn.send((os.getpid(), reward.POOL.current.pid, out["rewards"].tolist()))
     conn.close()
 
 
@@ -345,7 +339,7 @@ def test_a_forked_child_gets_its_own_pool():
     child.join(30)
     assert child_pid == pool_pid != os.getpid()
     assert rewards == [1.0]
-    assert reward._POOL.pid == os.getpid()
+    assert reward.POOL.current.pid == os.getpid()
     assert _one("Answer: 1/2", "0.5")[0] == 1.0  # the parent's pool is untouched
 
 

@@ -1,12 +1,14 @@
 """The reward files' shared input and output (openrlhf_band/tasks/reward_io.py): any input gives lists of the
-queries' length, and the output is float32 tensors of shape [B]."""
+queries' length, the response is the query without its prompt, and the output is float32 tensors of shape [B]."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from openrlhf_band.tasks.reward_io import align, as_output, map_samples
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text
+
+PROMPT = "<|im_start|>user\n" + "Solve the problem below. " * 4 + "Put it after Answer:\n<|im_end|>\n"
 
 
 @pytest.mark.parametrize(
@@ -34,3 +36,26 @@ def test_map_samples_keeps_the_order_on_threads():
     samples = [(i,) for i in range(20)]
     assert map_samples(lambda i: i * i, samples, workers=4) == [i * i for i in range(20)]
     assert map_samples(lambda i: i, [], workers=4) == []
+
+
+@pytest.mark.parametrize(
+    ("query", "prompt", "expected"),
+    [
+        (PROMPT + "Answer: 5", PROMPT, "Answer: 5"),  # the query starts with the prompt
+        ("<s>" + PROMPT[10:] + "Answer: 5", PROMPT, "Answer: 5"),  # decoded differently at the start: its tail
+        ("Answer: 5", PROMPT, "Answer: 5"),  # the prompt is not in the query: all of it
+        ("Answer: 5", "", "Answer: 5"),
+        ("Answer: 5", None, "Answer: 5"),
+        (None, PROMPT, ""),
+        (b"Answer: 5", PROMPT, ""),
+    ],
+)
+def test_response_text_cuts_the_prompt_off(query, prompt, expected):
+    assert response_text(query, prompt) == expected
+
+
+def test_special_tokens_of_each_chat_family_are_matched_and_text_is_not():
+    tokens = ["<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<s>", "<eos>", "<end_of_turn>", "<pad>"]
+    assert SPECIAL_TOKEN_RE.sub("", "x".join(tokens)) == "x" * (len(tokens) - 1)
+    for text in ("a < b | c > d", "<| spaced |>", "<b>", "<|" + "x" * 49 + "|>"):
+        assert SPECIAL_TOKEN_RE.sub("", text) == text

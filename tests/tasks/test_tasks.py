@@ -13,24 +13,31 @@ launcher's `TASK=...` (examples/scripts/common.sh).
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from reward_files import load_reward_file
 
 from openrlhf_band import tasks
+from openrlhf_band.recipe import moved_message
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "openrlhf_band" / "recipe"
+TASKS_DIR = REPO / "openrlhf_band" / "tasks"
 SCRIPTS = REPO / "examples" / "scripts"
 FIXTURES = REPO / "tests" / "fixtures"
 BIN = Path(sys.executable).parent
 TASK_NAMES = ["math", "reasoning-gym", "code", "mc"]
-REWARD_FILES = {"math": "reward.py", "reasoning-gym": "gym_reward.py", "code": "code_reward.py",
-                "mc": "choice_reward.py"}  # fmt: skip
+REWARD_FILES = {"math": "math/reward.py", "reasoning-gym": "gym/reward.py", "code": "code/reward.py",
+                "mc": "choice/reward.py"}  # fmt: skip
 
 
 # ============================================================================= the registry
@@ -48,20 +55,85 @@ def test_reward_file_is_the_tasks_file_and_is_not_imported(task, monkeypatch):
     module = tasks.TASKS[task].reward_module
     monkeypatch.delitem(sys.modules, module, raising=False)
     path = Path(tasks.reward_file(task))
-    assert path == RECIPE / REWARD_FILES[task] and path.is_file() and path.is_absolute()
+    assert path == TASKS_DIR / REWARD_FILES[task] and path.is_file() and path.is_absolute()
     assert module not in sys.modules
 
 
 def test_reward_file_for_code_leaves_the_sandbox_alone():
     code = (
-        "import sys; from openrlhf_band.recipe import tasks; print(tasks.reward_file('code')); "
-        "print(sorted(m for m in sys.modules if m.startswith('openrlhf_band.recipe.')))"
+        "import sys; from openrlhf_band import tasks; print(tasks.reward_file('code')); "
+        "print(sorted(m for m in sys.modules if m.startswith(('openrlhf_band.tasks', 'openrlhf_band.sandbox'))))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     path, modules = done.stdout.splitlines()
-    assert path == str(RECIPE / "code_reward.py")
+    assert path == str(TASKS_DIR / "code" / "reward.py")
     assert modules == "['openrlhf_band.tasks']"  # neither code_reward nor sandbox
+
+
+# ----------------------------------------------------------------------------- every task, one contract
+def _prepare_data_options() -> set[str]:
+    from openrlhf_band.tasks import prepare
+
+    parser = argparse.ArgumentParser()
+    prepare.add_arguments(parser)
+    return {action.dest for action in parser._actions}
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_every_task_is_one_folder_with_the_same_contract(task):
+    """A task is its folder (data.py, reward.py, agent.py when it has one) and its registry line: prepare-data
+    reaches it through `prepare` and `FLAGS`, OpenRLHF through the reward file loaded by path, whose
+    `reward_func` answers any sample, a nonsense one included, with one float32 value per sample and no error."""
+    entry = tasks.TASKS[task]
+    folder = TASKS_DIR / entry.folder
+    assert {p.name for p in folder.glob("*.py")} == {"__init__.py", "data.py", "reward.py"} | (
+        {"agent.py"} if entry.has_agent else set()
+    )
+    data = importlib.import_module(entry.data_module)
+    assert list(inspect.signature(data.prepare).parameters) == ["args", "local", "overrides", "hub_ids"]
+    assert isinstance(data.FLAGS, tuple) and set(data.FLAGS) <= _prepare_data_options()
+    reward = load_reward_file(Path(tasks.reward_file(task)), f"contract_{entry.folder}_reward")
+    out = reward(["<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n??"] * 2,
+                 ["<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"] * 2, ["not a label", None])
+    assert set(out) == {"rewards", "scores", "extra_logs"}
+    for values in [out["rewards"], out["scores"], *out["extra_logs"].values()]:
+        assert values.dtype == torch.float32 and values.shape == (2,) and torch.isfinite(values).all()
+    if entry.has_agent:
+        agent = load_reward_file(Path(tasks.agent_file(task)), f"contract_{entry.folder}_agent")
+        assert inspect.isclass(agent.AgentExecutor)  # what --train.agent_func_path looks up
+
+
+def test_a_new_flag_is_refused_by_the_other_tasks(prepare):
+    """FLAGS is the only place a task's own options are declared: prepare-data refuses them elsewhere."""
+    status, _, err = prepare("--out", "/nonexistent", "--source", "mc", "--shots", "2")
+    assert status == 1
+    assert err.strip() == "openrlhf-band prepare-data: error: --shots is for --source reasoning-gym, not mc"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("reward", "openrlhf_band.tasks.math.reward"), ("code_reward", "openrlhf_band.tasks.code.reward"),
+     ("gym_agent", "openrlhf_band.tasks.gym.agent"), ("sandbox", "openrlhf_band.sandbox"),
+     ("tasks", "openrlhf_band.tasks"), ("data", "openrlhf_band.tasks.math.data")],
+)  # fmt: skip
+def test_an_old_recipe_path_fails_with_one_line_naming_the_new_one(old, new):
+    """Paths a user may have copied from before the tasks had folders: an import, `python -m`, and a reward or
+    agent file handed to OpenRLHF by path."""
+    done = subprocess.run([sys.executable, "-c", f"import openrlhf_band.recipe.{old}"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        f"ImportError: {moved_message(old)}"
+    ), done.stderr
+    assert f"has moved to {new}" in moved_message(old)
+    old_file = REPO / "openrlhf_band" / "recipe" / f"{old}.py"
+    if old_file.exists():  # the reward and agent files: loaded by path, as OpenRLHF loads them
+        with pytest.raises(ImportError, match=f"^{re.escape(moved_message(old))}$"):
+            load_reward_file(old_file, "old_path")
+        assert "python -m openrlhf_band.tasks" in moved_message(old)
+    done = subprocess.run([sys.executable, "-m", "openrlhf_band.recipe.tasks", "reward-file", "code"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "openrlhf_band.recipe.tasks has moved to openrlhf_band.tasks" in done.stderr
 
 
 def test_unknown_task_names_the_valid_ones():
@@ -77,7 +149,7 @@ def _tasks_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_cli_reward_file_and_list():
     done = _tasks_cli("reward-file", "code")
-    assert (done.returncode, done.stdout, done.stderr) == (0, f"{RECIPE / 'code_reward.py'}\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{TASKS_DIR / 'code' / 'reward.py'}\n", "")
     done = _tasks_cli("list")
     assert done.returncode == 0
     assert [line.split("\t")[:2] for line in done.stdout.splitlines()] == [
@@ -135,7 +207,7 @@ def test_prepare_data_code(prepare, tmp_path):
     assert manifest["task"] == "code" and manifest["reward_file"] == "openrlhf_band.tasks.code.reward"
     assert manifest["train"] == expected[2]["train"] and manifest["eval"] == expected[2]["eval"]
     assert stdout.startswith(f"[code] wrote {out / 'train.jsonl'} (6 rows), {out / 'eval.jsonl'} (4 rows)")
-    assert stdout.rstrip().endswith(f"--reward.remote_url {RECIPE / 'code_reward.py'}")
+    assert stdout.rstrip().endswith(f"--reward.remote_url {TASKS_DIR / 'code' / 'reward.py'}")
 
 
 def test_prepare_data_reasoning_gym_offline(prepare, tmp_path):
@@ -148,7 +220,7 @@ def test_prepare_data_reasoning_gym_offline(prepare, tmp_path):
     assert {r["datasource"] for r in train} == {r["datasource"] for r in evals} == {"basic_arithmetic", "chain_sum"}
     assert all(set(r) == {"prompt", "label", "datasource"} for r in train + evals)
     assert manifest["task"] == "reasoning-gym" and manifest["reward_file"] == "openrlhf_band.tasks.gym.reward"
-    assert stdout.rstrip().endswith(f"--reward.remote_url {RECIPE / 'gym_reward.py'}")
+    assert stdout.rstrip().endswith(f"--reward.remote_url {TASKS_DIR / 'gym' / 'reward.py'}")
 
 
 MC_SOURCES = ("--source", f"commonsense_qa={FIXTURES / 'mc' / 'commonsense_qa'}",
@@ -163,7 +235,7 @@ def test_prepare_data_mc(prepare, tmp_path):
     assert train and evals
     assert {r["datasource"] for r in evals} == {"commonsense_qa", "mmlu"}
     assert manifest["reward_file"] == "openrlhf_band.tasks.choice.reward"
-    assert stdout.rstrip().endswith(f"--reward.remote_url {RECIPE / 'choice_reward.py'}")
+    assert stdout.rstrip().endswith(f"--reward.remote_url {TASKS_DIR / 'choice' / 'reward.py'}")
 
 
 def test_prepare_data_mc_manifest_names_the_task(prepare, tmp_path):
@@ -253,7 +325,7 @@ def test_launcher_code_task_validates_with_the_code_reward(tmp_path):
     args = _recorded(shim, "check-args")
     assert args[:2] == ["check-args", "--"]
     flags = _flags(args)
-    assert flags["--reward.remote_url"] == str(RECIPE / "code_reward.py")
+    assert flags["--reward.remote_url"] == str(TASKS_DIR / "code" / "reward.py")
     assert flags["--eval.n_samples_per_prompt"] == "4"
     assert flags["--data.prompt_dataset"] == f"{data_dir}/train.jsonl"
     assert flags["--eval.dataset"] == f"{data_dir}/eval.jsonl"
@@ -273,7 +345,7 @@ def test_launcher_picks_the_tasks_reward_file_and_directories(tmp_path, task, da
     done, shim = _launch(tmp_path, DRY_RUN="1", **({"TASK": task} if task else {}))
     assert done.returncode == 0, done.stderr[-3000:]
     flags = _flags(_recorded(shim, "check-args"))
-    assert flags["--reward.remote_url"] == str(RECIPE / REWARD_FILES[task or "math"])
+    assert flags["--reward.remote_url"] == str(TASKS_DIR / REWARD_FILES[task or "math"])
     # the defaults ./data[/TASK] and ./runs, under the launching folder, as absolute paths (a cluster job
     # runs in Ray's copy of the working directory)
     assert flags["--data.prompt_dataset"] == f"{tmp_path}/{data_dir}/train.jsonl"

@@ -1,12 +1,17 @@
 """The CPU demo: a quick run end to end, the mechanism it is built around, its bookkeeping (the
 paired differences and the per-bin clip rates) against hand computations, and the lower-floor and
-DPPO methods: each runs, the floor's bounds are >= F, DPPO has no cap."""
+DPPO methods: each runs, the floor's bounds are >= F, DPPO has no cap. Its GRPO loop is task-free: a
+tiny random Hugging Face Llama (not the demo's Qwen2) with its own sampling (an end token, padding
+after it) and reward runs through it."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import copy
 import csv
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +19,7 @@ import torch
 from openrlhf_band import band_bounds
 from openrlhf_band.tools import demo
 from openrlhf_band.tools.cli import main
+from openrlhf_band.tools.demo import loop
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +76,10 @@ def test_the_clip_binds_and_the_band_clips_rare_positive_tokens_less(quick):
 def test_the_warm_up_leaves_the_fork_token_rare_and_the_rest_easy(quick):
     cfg = demo.DemoConfig(out=str(quick))
     state = torch.load(demo.warm_checkpoint(cfg, 0), weights_only=True)  # the quick run's cached one
-    actor = demo.build_actor(cfg, 0)
-    actor.model.load_state_dict(state)
+    model = demo.build_model(cfg, 0)
+    model.load_state_dict(state)
     prompts, hard = demo.sample_prompts(256, cfg, torch.Generator().manual_seed(5))
-    m = demo.evaluate(actor, prompts, hard, cfg)
+    m = demo.evaluate(model, prompts, hard, cfg)
     assert m["p_fork_hard"] < 0.2  # rare: where a fixed clip caps the rise at 1.2 p
     assert m["mean@32_hard"] < m["mean@32"] < 0.2
 
@@ -215,3 +221,98 @@ def test_presets():
     assert len(default.methods) == 4 and {"clip", "band-kl", "band-kl-floor"} <= set(default.methods)  # ~5 min
     with pytest.raises(ValueError):
         demo.config_from_args(parser.parse_args(["--full", "--quick"]))
+
+
+# ------------------------------------------------------------------ the loop with a Hugging Face model
+VOCAB, PAD, END, BOS, WIDTH = 16, 0, 1, 2, 6  # a reply is at most WIDTH tokens, END included
+
+
+def _tiny_llama(seed: int = 0) -> torch.nn.Module:
+    """A random LlamaForCausalLM (one layer, hidden 16): another architecture than the demo's Qwen2."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def _prompts(n: int, gen: torch.Generator) -> torch.Tensor:
+    """(n, 3) prompts: BOS and two random ordinary tokens."""
+    return torch.cat([torch.full((n, 1), BOS), torch.randint(3, VOCAB, (n, 2), generator=gen)], dim=1)
+
+
+@torch.no_grad()
+def _sample_until_end(model, prompts: torch.Tensor, g: int, gen: torch.Generator) -> loop.Samples:
+    """g replies per prompt at temperature 1 from the model's `.logits`, each up to and including its first
+    END; the tokens after it are padding (PAD, out of the attention and action masks)."""
+    model.eval()
+    sequences = prompts.repeat_interleave(g, 0)
+    for _ in range(WIDTH):
+        probs = torch.softmax(model(input_ids=sequences).logits[:, -1].float(), dim=-1)
+        sequences = torch.cat([sequences, torch.multinomial(probs, 1, generator=gen)], dim=1)
+    reply = sequences[:, prompts.shape[1] :]
+    is_end = (reply == END).long()
+    action_mask = (is_end.cumsum(-1) - is_end == 0).float()  # no END before this position
+    reply = torch.where(action_mask.bool(), reply, PAD)
+    attention_mask = torch.cat([torch.ones_like(sequences[:, : prompts.shape[1]]), action_mask.long()], dim=1)
+    return loop.Samples(torch.cat([sequences[:, : prompts.shape[1]], reply], dim=1), attention_mask, action_mask)
+
+
+def _low_half_share(prompts: torch.Tensor, samples: loop.Samples) -> torch.Tensor:
+    """(N * G,) the share of a reply's tokens in the lower half of the vocabulary (a reward with signal in
+    every group of a random model)."""
+    low = (samples.sequences[:, -WIDTH:] < VOCAB // 2).float() * samples.action_mask
+    return low.sum(-1) / samples.action_mask.sum(-1)
+
+
+@pytest.mark.parametrize("method", ["clip", "band-kl-entropy-floor"])  # the entropy-adaptive radius reads entropies
+def test_a_hugging_face_llama_takes_one_update_through_the_loop(method):
+    model = _tiny_llama()
+    reference = copy.deepcopy(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = demo.DemoConfig()
+    settings = loop.LoopSettings(rollouts=1, prompts_per_rollout=2, samples_per_prompt=8, epochs=1, minibatches=2,
+                                 lr=1e-2, kl_coef=0.001)  # fmt: skip
+    trainer = loop.GRPOTrainer(model, demo.make_loss(method, cfg), settings, reference=reference,
+                               bounds_of=demo.method_bounds(method, cfg))  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    prompts = _prompts(settings.prompts_per_rollout, gen)
+    samples = _sample_until_end(model, prompts, settings.samples_per_prompt, gen)
+    assert (samples.action_mask.sum(-1) >= 1).all() and samples.sequences.shape == (16, 3 + WIDTH)
+    rewards = _low_half_share(prompts, samples)
+    assert rewards.reshape(2, 8).std(-1).max() > 0  # some group has signal (else nothing would move)
+    losses = trainer.update(samples, rewards, gen)
+    assert len(losses) == settings.minibatches and all(math.isfinite(x) for x in losses)
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before))  # the policy moved
+    assert all(torch.equal(p, q) for p, q in zip(reference.parameters(), before))  # the reference did not
+    metrics = trainer.take_metrics()
+    assert 0.0 <= metrics["clip_frac"] <= 1.0
+    counted = sum(metrics[f"n_pos_{name}"] + metrics[f"n_neg_{name}"] for *_, name in loop.BINS)
+    assert 0 < counted <= int(samples.action_mask.sum())  # one epoch: each reply token once at most, padding never
+
+
+def test_train_grpo_gives_one_row_per_evaluation_for_a_hugging_face_model():
+    model = _tiny_llama(seed=1)
+    settings = loop.LoopSettings(rollouts=2, prompts_per_rollout=2, samples_per_prompt=4, epochs=1, minibatches=1,
+                                 lr=1e-2, eval_every=1)  # fmt: skip
+    probe = _prompts(4, torch.Generator().manual_seed(7))
+
+    def evaluate(policy) -> dict[str, float]:  # the first reply token's mean log-probability of END
+        with torch.no_grad():
+            return {"log_p_end": torch.log_softmax(policy(input_ids=probe).logits[:, -1], -1)[:, END].mean().item()}
+
+    rows = loop.train_grpo(model, demo.make_loss("clip", demo.DemoConfig()), settings, next_prompts=_prompts,
+                           sample=_sample_until_end, reward=_low_half_share, gen=torch.Generator().manual_seed(0),
+                           evaluate=evaluate, labels={"method": "clip"})  # fmt: skip
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["method"] == "clip" for r in rows)
+    assert all(math.isfinite(r["log_p_end"]) for r in rows) and rows[2]["log_p_end"] != rows[0]["log_p_end"]
+    assert "clip_frac" not in rows[0] and all(0.0 <= r["clip_frac"] <= 1.0 for r in rows[1:])
+
+
+def test_the_loop_imports_nothing_of_the_demo():
+    """The loop is task-free: the prompts, sampling, reward and evaluation come in as arguments."""
+    tree = ast.parse(Path(loop.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(name.startswith("openrlhf_band.tools") for name in imported), imported

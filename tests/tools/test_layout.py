@@ -3,8 +3,12 @@
     band <- ops <- functional <- integration <- patching
     objectives                    the policy objectives beside the band (CISPO, SAPO, ...): on band, ops;
                                   integration wires them into OpenRLHF
-    recipe                        stands alone: data, reward and results import nothing of the loss
-    bench                         the benchmarks: on band, ops, functional (and recipe, for the reward's)
+    sandbox                       stands alone: runs a program against its tests, isolated
+    tasks                         the tasks (one folder each) and what they share; the code task on sandbox;
+                                  nothing of the loss
+    launcher                      the launcher's support (results table, model preparation, Ray job): on tasks
+    recipe                        old paths only: each fails with one line naming its new home
+    bench                         the benchmarks: on band, ops, functional (and tasks, sandbox for theirs)
     tools                         the CLI and its commands, on top of everything
 
 integration is the runtime face (what the patched OpenRLHF calls); patching operates on an OpenRLHF
@@ -28,9 +32,12 @@ ALLOWED = {
     "functional": {"band", "ops"},
     "integration": BELOW_INTEGRATION,
     "patching": BELOW_INTEGRATION | {"integration"},
+    "sandbox": set(),
+    "tasks": {"sandbox"},
+    "launcher": {"tasks"},
     "recipe": set(),
-    "bench": {"band", "ops", "functional", "recipe"},
-    "tools": BELOW_INTEGRATION | {"integration", "patching", "recipe", "bench"},
+    "bench": {"band", "ops", "functional", "tasks", "sandbox"},
+    "tools": BELOW_INTEGRATION | {"integration", "patching", "tasks", "launcher", "bench"},
 }
 
 
@@ -81,6 +88,27 @@ def test_the_layering_is_the_real_one():
     for layer, deps in ALLOWED.items():  # each edge not implied by a longer path is really imported
         direct = {d for d in deps if not any(d in ALLOWED[other] for other in deps - {d})}
         assert direct <= used[layer], (layer, direct - used[layer])
+
+
+def test_each_task_folder_stands_alone():
+    """One room per task: a task's folder imports no other task's, and what the tasks share (the reward I/O, the
+    pool, the sources, the agents' turns, the text helpers) imports none of them; the sandbox knows no task.
+    prepare.py, the prepare-data command over every task, reaches them through the registry."""
+    tasks_dir = PACKAGE / "tasks"
+    folders = {p.name for p in tasks_dir.iterdir() if (p / "__init__.py").exists()}
+    assert folders == {"math", "gym", "code", "choice"}
+    wrong = []
+    for path in [*tasks_dir.rglob("*.py"), *(PACKAGE / "sandbox").rglob("*.py")]:
+        rel = path.relative_to(PACKAGE)
+        own = rel.parts[1] if rel.parts[0] == "tasks" and len(rel.parts) > 2 else None
+        if rel.as_posix() == "tasks/prepare.py":
+            continue
+        for target in imports(path):
+            parts = target.split(".")
+            theirs = parts[2] if len(parts) > 2 and parts[1] == "tasks" and parts[2] in folders else None
+            if theirs is not None and theirs != own:
+                wrong.append(f"{rel} imports {target}")
+    assert wrong == []
 
 
 def test_the_layout_map_in_docs_names_every_module():

@@ -47,9 +47,9 @@ set does not depend on `max_eval_per_source`) is dropped as `eval_overlap_droppe
 `max_eval_per_source`, each evaluation source keeps that many rows, drawn with `random.Random` seeded
 by `seed` and the source name (deterministic across runs and platforms), in their original order.
 
-Local copies and other repositories, as in data.py: `overrides` maps a source to a local JSON/JSONL/
-parquet file or directory, `hub_ids` to another hub repository with the same config, splits and
-columns. The split's files in a directory are found by `data.local_data_files(path, split)`: files
+Local copies and other repositories, as for every task (tasks/sources.py): `overrides` maps a source to
+a local JSON/JSONL/parquet file or directory, `hub_ids` to another hub repository with the same config,
+splits and columns. The split's files in a directory are found by `sources.local_data_files(path, split)`: files
 whose names, or a folder above them, name the split (`train.jsonl`, `validation-00000-of-00001.parquet`,
 `test/...`, `mmlu_auxiliary_train.jsonl`); when none does, every file is read. Because one source can
 feed both sides, a local copy used for training and evaluation must be a directory whose file names
@@ -62,6 +62,7 @@ line names the source and the `--source NAME=PATH` to pass; with `HF_HUB_OFFLINE
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
@@ -70,7 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrlhf_band.tasks.math.data import (
+from openrlhf_band.tasks.sources import (
     DATASOURCE_KEY,
     INPUT_KEY,
     LABEL_KEY,
@@ -79,6 +80,7 @@ from openrlhf_band.tasks.math.data import (
     _hub_offline,
     _iter_rows,
     _Unreachable,
+    flag_names,
     local_data_files,
     probe_hub,
     read_hub,
@@ -470,3 +472,21 @@ def build(
         "eval": section("eval", eval_rows, eval_sources),
     }
     return train_rows, eval_rows, manifest
+
+
+# prepare-data (openrlhf_band/tasks/prepare.py): the options only mc reads (--train / --eval shared with code)
+FLAGS = ("train", "eval", "max_eval")
+
+
+def prepare(
+    args: argparse.Namespace, local: list[str], overrides: dict[str, str], hub_ids: dict[str, str]
+) -> tuple[list[dict], list[dict], dict]:
+    """`openrlhf-band prepare-data --source mc`: (train rows, eval rows, manifest)."""
+    return build(
+        overrides,
+        hub_ids,
+        flag_names(args.train, ("commonsense_qa",)),
+        flag_names(args.eval, ("commonsense_qa", "mmlu")),
+        args.max_eval,
+        args.seed,
+    )

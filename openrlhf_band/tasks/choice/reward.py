@@ -47,8 +47,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from openrlhf_band.tasks.math.reward import _SPECIAL_TOKEN_RE, _response_text
-from openrlhf_band.tasks.reward_io import align, as_output
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, response_text
 from openrlhf_band.tasks.text import last_boxed
 
 __all__ = ["SEARCH_WINDOW", "extract_choice", "parse_label", "reward_func"]
@@ -105,7 +104,7 @@ def extract_choice(text: Any, choices: Any = None) -> str | None:
         if not isinstance(text, str):
             return None
         allowed = _allowed(choices)
-        window = _SPECIAL_TOKEN_RE.sub("", text[-RAW_WINDOW:])[-SEARCH_WINDOW:]
+        window = SPECIAL_TOKEN_RE.sub("", text[-RAW_WINDOW:])[-SEARCH_WINDOW:]
         letter = None
         matches = list(_ANSWER_RE.finditer(window))  # bounded: the window is SEARCH_WINDOW characters
         if matches:
@@ -169,7 +168,7 @@ def _score_one(query: Any, prompt: Any, label: Any) -> tuple[float, float, float
     accuracy_mode = False
     try:
         gold, allowed, accuracy_mode = parse_label(label)
-        letter = extract_choice(_response_text(query, prompt), allowed)
+        letter = extract_choice(response_text(query, prompt), allowed)
         correct = 1.0 if letter is not None and letter == gold else 0.0
         reward = correct if accuracy_mode else 2.0 * correct - 1.0
         return reward, correct, float(letter is not None)

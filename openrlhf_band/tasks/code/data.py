@@ -28,6 +28,7 @@ manifest). Without hub access a hub source stops the command with one line namin
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import re
@@ -36,14 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrlhf_band.tasks.math.data import (
+from openrlhf_band.tasks.sources import (
     SourceError,
-    _first_line,
+    _how_to_override,
     _hub_offline,
     _Unreachable,
     dedup_key,
+    flag_names,
     local_data_files,
     probe_hub,
+    read_hub,
     read_local,
 )
 
@@ -169,8 +172,6 @@ ROW_BUILDERS = {"mbpp": mbpp_row, "apps": apps_row}
 
 
 def _load_split(name: str, split: str, overrides: dict[str, str], hub_ids: dict[str, str]) -> Iterator[dict]:
-    from datasets import load_dataset
-
     source = SOURCES[name]
     if name in overrides:
         try:
@@ -180,19 +181,19 @@ def _load_split(name: str, split: str, overrides: dict[str, str], hub_ids: dict[
         dataset = read_local(name, overrides[name], (loader, files))
     else:
         hub_id = hub_ids.get(name, source.hub_id)
-        how = f"pass a local copy with --source {name}=PATH (a JSON/JSONL/parquet file or a directory of them)"
-        try:
-            if not _hub_offline():
+        how = _how_to_override(name)
+
+        def unreachable(reason: str) -> str:
+            return f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {how}"
+
+        if not _hub_offline():
+            try:
                 probe_hub(hub_id)
-            dataset = load_dataset(hub_id, source.config, split=split)
-        except _Unreachable as err:
-            reason = f"the Hugging Face Hub is unreachable ({err})"
-            raise SourceError(f"source '{name}' ({hub_id}): {reason}; {how}") from None
-        except SourceError as err:
-            raise SourceError(f"source '{name}' ({hub_id}): {err}; {how}") from None
-        except Exception as err:
-            reason = f"split {split}: loading failed ({_first_line(err)})"
-            raise SourceError(f"source '{name}' ({hub_id}): {reason}; {how}") from None
+            except _Unreachable as err:
+                raise SourceError(unreachable(str(err))) from None
+            except SourceError as err:
+                raise SourceError(f"source '{name}' ({hub_id}): {err}; {how}") from None
+        dataset = read_hub(name, hub_id, source.config, split, unreachable, where=f", split {split}", hint=how)
     yield from dataset
 
 
@@ -260,3 +261,14 @@ def build(
         "eval": {"rows": len(eval_rows), "sources": {k[5:]: v for k, v in stats.items() if k.startswith("eval/")}},
     }
     return train_rows, eval_rows, manifest
+
+
+# prepare-data (openrlhf_band/tasks/prepare.py): the options only code and mc read
+FLAGS = ("train", "eval")
+
+
+def prepare(
+    args: argparse.Namespace, local: list[str], overrides: dict[str, str], hub_ids: dict[str, str]
+) -> tuple[list[dict], list[dict], dict]:
+    """`openrlhf-band prepare-data --source code`: (train rows, eval rows, manifest)."""
+    return build(flag_names(args.train, DEFAULT_TRAIN), flag_names(args.eval, DEFAULT_EVAL), overrides, hub_ids)

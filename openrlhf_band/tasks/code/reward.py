@@ -49,8 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openrlhf_band import sandbox
-from openrlhf_band.tasks.math.reward import _SPECIAL_TOKEN_RE, _response_text
-from openrlhf_band.tasks.reward_io import align, as_output, map_samples
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text
 
 __all__ = ["check", "extract_program", "parse_label", "reward_func", "score"]
 
@@ -69,7 +68,7 @@ def _strip_trailing_special_tokens(text: str) -> str:
     text = _CHAT_TOKEN_RE.sub("", text)
     while True:
         stripped = text.rstrip()
-        tail = [m for m in _SPECIAL_TOKEN_RE.finditer(stripped, max(0, len(stripped) - 64)) if m.end() == len(stripped)]
+        tail = [m for m in SPECIAL_TOKEN_RE.finditer(stripped, max(0, len(stripped) - 64)) if m.end() == len(stripped)]
         if not tail:
             return stripped
         text = stripped[: tail[0].start()]
@@ -207,7 +206,7 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
     """OpenRLHF's reward hook: 1 when every test passes, else 0; scores the same. Never raises."""
     queries, prompts, labels = align(queries, prompts, labels)
     try:
-        responses = [_response_text(q, p) for q, p in zip(queries, prompts)]
+        responses = [response_text(q, p) for q, p in zip(queries, prompts)]
         rows = map_samples(score, list(zip(responses, labels)), _workers())  # as many sandboxes at once as slots
     except Exception:  # whatever failed, one row per sample: 0, counted as a sandbox error
         rows = [(0.0, {"code_found": 0.0, "code_timeout": 0.0, "sandbox_error": 1.0})] * len(queries)

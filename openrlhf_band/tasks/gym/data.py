@@ -48,6 +48,7 @@ accuracy, partial credit included) and `eval_<task>_pass<n>` for each task. Do n
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import difflib
@@ -507,3 +508,22 @@ def build(
     if executing:
         manifest["executing_scorers"] = executing
     return train_rows, eval_rows, manifest
+
+
+# prepare-data (openrlhf_band/tasks/prepare.py): the options only reasoning-gym reads
+FLAGS = ("tasks", "task_option", "allow_executing_scorers", "shots")
+
+
+def prepare(
+    args: argparse.Namespace, local: list[str], overrides: dict[str, str], hub_ids: dict[str, str]
+) -> tuple[list[dict], list[dict], dict]:
+    """`openrlhf-band prepare-data --source reasoning-gym`: (train rows, eval rows, manifest)."""
+    if not args.tasks:
+        raise ValueError("--source reasoning-gym needs --tasks NAME[:WEIGHT][,...] (e.g. leg_counting,chain_sum)")
+    if overrides or hub_ids:
+        raise ValueError("reasoning-gym generates its items: --source NAME=PATH and --hub-id do not apply")
+    options = parse_options(args.task_option)  # before the tasks: the same error first as before the split
+    return build(
+        parse_tasks(args.tasks), args.size, args.eval_size, args.seed, options,
+        allow_executing_scorers=args.allow_executing_scorers, shots=args.shots,
+    )  # fmt: skip

@@ -26,47 +26,43 @@ Label: the JSON string `{"task": name, "entry": {"question", "answer", "metadata
 restored here before scoring.
 
 Bounded time: scorers can be slow or hang (several parse the model's answer with sympy). Scoring
-runs in a pool of worker processes, pebble's `ProcessPool` of spawned interpreters (as in reward.py;
-the parent is a threaded Ray / vLLM process). A worker interrupts itself (SIGALRM in its own main
-thread) after 75% of the deadline `OPENRLHF_BAND_GYM_REWARD_TIMEOUT` (seconds per sample, default 2);
-one that has not answered by the deadline (stuck in C: a huge integer power) is killed by pebble (at
-once: the workers take SIGTERM's default action, not pebble's handler) and replaced. Either way the
-sample scores 0 and counts in `score_timeout`. Waiting for a free worker is bounded separately
-(`OPENRLHF_BAND_GYM_REWARD_ACQUIRE_TIMEOUT`, default 60 s); after it the pool is replaced. The pool
-starts lazily (a worker needs about a second to import reasoning-gym; `warmup()` starts it ahead), is
-per process (re-created after a fork) and is shut down at exit.
+runs on the rewards' timed worker pool (openrlhf_band/tasks/pool.py: spawned worker processes, lazy,
+per process), whose workers run this file's worker functions by its importable name `WORKER_MODULE`
+(OpenRLHF loads the file under another) and import reasoning-gym at start (about a second; `warmup()`
+starts them ahead). A scorer is interrupted in its worker (SIGALRM) after 75% of the deadline
+`OPENRLHF_BAND_GYM_REWARD_TIMEOUT` (seconds per sample, default 2; a scorer whose bare `except:`
+swallows the interruption still counts as interrupted); a worker that has not answered by the deadline
+(stuck in C: a huge integer power) is killed and replaced. Either way the sample scores 0 and counts in
+`score_timeout`, as does one that no worker takes within `OPENRLHF_BAND_GYM_REWARD_ACQUIRE_TIMEOUT`
+(default 60 s); one whose worker died scores 0.
 
 Not a sandbox: some reasoning-gym 0.1.25 scorers `eval()` the model's answer (string_insertion,
 spiral_matrix, binary_matrix, n_queens) or pass it to sympy's `parse_expr` (puzzle24, countdown, the
 integration and polynomial tasks). The workers only cap memory and time.
 
-Environment: OPENRLHF_BAND_GYM_REWARD_WORKERS (pool size; default one per usable CPU, at least 2, at
-most 8), OPENRLHF_BAND_GYM_REWARD_TIMEOUT, OPENRLHF_BAND_GYM_REWARD_ACQUIRE_TIMEOUT,
-OPENRLHF_BAND_GYM_REWARD_WORKER_MEM_MB (address-space cap per worker, default 4096; 0 = none),
-OPENRLHF_BAND_GYM_REWARD_IMPORTS (comma-separated modules the workers import at start, e.g. one that
-registers your own tasks with `reasoning_gym.register_dataset`). POSIX only.
+Environment (the pool's, prefix OPENRLHF_BAND_GYM_REWARD): OPENRLHF_BAND_GYM_REWARD_WORKERS (pool size;
+default one per usable CPU, at least 2, at most 8), OPENRLHF_BAND_GYM_REWARD_TIMEOUT,
+OPENRLHF_BAND_GYM_REWARD_ACQUIRE_TIMEOUT, OPENRLHF_BAND_GYM_REWARD_WORKER_MEM_MB (address-space cap per
+worker, default 4096; 0 = none); and OPENRLHF_BAND_GYM_REWARD_IMPORTS (comma-separated modules the
+workers import at start, e.g. one that registers your own tasks with `reasoning_gym.register_dataset`).
+POSIX only.
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import json
 import logging
 import math
-import multiprocessing.util
 import os
 import signal
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from openrlhf_band.tasks.gym.data import ACCURACY_MODE, decode_json
-from openrlhf_band.tasks.math.reward import _SPECIAL_TOKEN_RE, _response_text
-from openrlhf_band.tasks.reward_io import align, as_output, map_samples
-from openrlhf_band.tasks.workers import prepare_worker
+from openrlhf_band.tasks.pool import SoftTimeout, TimedPool, prepare_worker
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text
 
 __all__ = ["extract_answer", "reward_func", "warmup"]
 
@@ -75,8 +71,6 @@ MAX_ANSWER_CHARS = 20_000  # longer answers count as no answer (reasoning-gym's 
 SEARCH_WINDOW = 4 * MAX_ANSWER_CHARS  # only the response's last characters are searched
 MAX_LABEL_CHARS = 2_000_000
 DEFAULT_TIMEOUT = 2.0  # seconds of scoring per sample
-SOFT_TIMEOUT_FRACTION = 0.75  # the worker interrupts itself at this fraction of the deadline
-DEFAULT_MAX_WORKERS = 8
 
 _logger = logging.getLogger(__name__)
 _OPEN, _CLOSE = "<answer>", "</answer>"
@@ -92,7 +86,7 @@ def extract_answer(text: Any) -> str | None:
     try:
         if not isinstance(text, str):
             return None
-        window = _SPECIAL_TOKEN_RE.sub("", text[-(SEARCH_WINDOW + 64) :])[-SEARCH_WINDOW:]
+        window = SPECIAL_TOKEN_RE.sub("", text[-(SEARCH_WINDOW + 64) :])[-SEARCH_WINDOW:]
         end = window.rfind(_CLOSE)
         if end < 0:
             return None
@@ -127,11 +121,7 @@ def _parse_label(label: Any) -> tuple[tuple[str, dict, dict] | None, bool]:
 
 
 # ----------------------------------------------------------------------------- the worker side
-# These run in pebble's spawned workers, which unpickle them by reference from WORKER_MODULE.
-
-
-class SoftTimeout(BaseException):
-    """Raised in a worker by its own SIGALRM; a BaseException so that scorers' `except Exception` let it through."""
+# These run in the pool's spawned workers, which unpickle them by reference from WORKER_MODULE.
 
 
 _SCORERS: dict[str, Any] = {}
@@ -193,169 +183,27 @@ def score(task: str, entry: dict, config: dict, answer: str, soft_timeout: float
         return 0.0, _ALARM["fired"]
 
 
-def ping(hold: float = 0.0) -> int:
-    """This worker's pid, after `hold` seconds (pebble runs the initializer before any task)."""
-    time.sleep(hold)
-    return os.getpid()
-
-
 # ----------------------------------------------------------------------------- the pool
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
+def _worker_imports() -> tuple[list[str]]:
+    """init_worker's `imports`: the modules named in OPENRLHF_BAND_GYM_REWARD_IMPORTS (comma-separated)."""
+    return ([m.strip() for m in os.environ.get("OPENRLHF_BAND_GYM_REWARD_IMPORTS", "").split(",") if m.strip()],)
 
 
-def _pool_size() -> int:
-    try:
-        return max(1, int(os.environ["OPENRLHF_BAND_GYM_REWARD_WORKERS"]))
-    except (KeyError, ValueError):
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
-        return max(2, min(DEFAULT_MAX_WORKERS, cpus))
-
-
-class _Pool:
-    """This process's scoring workers: a pebble `ProcessPool` of spawned interpreters.
-
-    pebble kills a worker whose task outlives its timeout, or that dies, and starts a replacement. A
-    task that no worker starts within the acquire timeout means the workers take no tasks at all: the
-    whole pool is replaced.
-    """
-
-    def __init__(self, size: int):
-        import multiprocessing
-
-        import pebble
-
-        # the functions the workers run, by their importable name (this file may be loaded under another)
-        self._worker = importlib.import_module(WORKER_MODULE)
-        self.pid = os.getpid()
-        self.size = size
-        mem_mb = int(_env_float("OPENRLHF_BAND_GYM_REWARD_WORKER_MEM_MB", 4096))
-        imports = [m.strip() for m in os.environ.get("OPENRLHF_BAND_GYM_REWARD_IMPORTS", "").split(",") if m.strip()]
-        self._pool = pebble.ProcessPool(
-            max_workers=size,
-            initializer=self._worker.init_worker,
-            initargs=(self.pid, mem_mb, imports),
-            context=multiprocessing.get_context("spawn"),
-        )
-
-    def worker_pids(self) -> set[int]:
-        try:
-            return {pid for pid, proc in self._pool._pool_manager.worker_manager.workers.items() if proc.is_alive()}
-        except Exception:
-            return set()
-
-    def score(self, task: str, entry: dict, config: dict, answer: str, timeout: float) -> tuple[float, bool]:
-        """(score, timed_out)."""
-        from concurrent.futures import TimeoutError as FutureTimeout
-
-        acquire_timeout = _env_float("OPENRLHF_BAND_GYM_REWARD_ACQUIRE_TIMEOUT", 60.0)
-        try:
-            future = self._pool.schedule(
-                self._worker.score,
-                args=(task, entry, config, answer, timeout * SOFT_TIMEOUT_FRACTION),
-                timeout=timeout,
-            )
-        except Exception:  # pebble's pool is broken or stopped: a new one for the next sample
-            _replace_pool(self)
-            return 0.0, True
-        try:  # pebble ends a started task at `timeout`; the rest of the wait is for a free worker
-            return future.result(timeout=acquire_timeout + timeout)
-        except FutureTimeout:
-            if future.running() or future.done():  # pebble's deadline: the worker is killed and replaced
-                return 0.0, True
-            future.cancel()
-            _logger.warning("gym_reward: no worker took a sample in %.0f s; scored 0", acquire_timeout)
-            _replace_pool(self)
-            return 0.0, True
-        except Exception:  # the worker died (pebble.ProcessExpired), the pool was stopped, ...
-            return 0.0, False
-
-    def ping_all(self) -> set[int]:
-        from concurrent.futures import wait
-
-        pings = [self._pool.schedule(self._worker.ping, args=(0.05,), timeout=10.0) for _ in range(self.size)]
-        done, _ = wait(pings, timeout=2.0)
-        return {ping.result() for ping in done if ping.exception() is None}
-
-    def close(self) -> None:
-        try:
-            self._pool.stop()
-            self._pool.join(timeout=10)
-        except Exception:
-            pass
-
-
-_POOL: _Pool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _get_pool() -> _Pool | None:
-    global _POOL
-    pool = _POOL
-    if pool is not None and pool.pid == os.getpid():
-        return pool
-    with _POOL_LOCK:
-        if _POOL is None or _POOL.pid != os.getpid():  # first use, or inherited across a fork
-            try:
-                _POOL = _Pool(_pool_size())
-                # a multiprocessing child joins its non-daemon children before atexit: stop them first
-                multiprocessing.util.Finalize(_POOL, _shutdown, exitpriority=100)
-            except Exception:
-                _logger.error("gym_reward: could not create the scoring pool", exc_info=True)
-                return None
-        return _POOL
-
-
-def _replace_pool(broken: _Pool) -> None:
-    """Drop a pool that takes no tasks: kill its workers now, wind pebble down in the background."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is not broken:
-            return
-        _POOL = None
-    for pid in broken.worker_pids():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    threading.Thread(target=broken.close, daemon=True, name="gym-reward-pool-close").start()
-
-
-def _shutdown() -> None:
-    """Stop this process's workers (at exit; a later sample starts a new pool)."""
-    global _POOL
-    with _POOL_LOCK:
-        pool, _POOL = _POOL, None
-    if pool is not None and pool.pid == os.getpid():
-        pool.close()
-
-
-atexit.register(_shutdown)
-
-
-def warmup(timeout: float = 60.0) -> bool:
-    """Start the worker pool now and wait until all its workers are ready (True) or `timeout` passes."""
-    try:
-        give_up, answered = time.monotonic() + timeout, set()
-        while time.monotonic() < give_up:
-            pool = _get_pool()
-            if pool is None:
-                return False
-            answered |= pool.ping_all()
-            alive = pool.worker_pids()
-            if len(alive) >= pool.size and alive <= answered:
-                return True
-        return False
-    except Exception:
-        return False
+# One pool per loaded copy of this file (tasks/pool.py); its workers run WORKER_MODULE's score, by that name.
+POOL = TimedPool(
+    "OPENRLHF_BAND_GYM_REWARD",
+    WORKER_MODULE,
+    failure=0.0,
+    default_timeout=DEFAULT_TIMEOUT,
+    logger=_logger,
+    name="gym-reward",
+    create_error="gym_reward: could not create the scoring pool",
+    acquire_warning="gym_reward: no worker took a sample in %.0f s; scored 0",
+    extra_initargs=_worker_imports,
+)
+warmup = POOL.warmup  # public: start the workers ahead of the first sample
 
 
 # ----------------------------------------------------------------------------- OpenRLHF's hook
@@ -366,14 +214,10 @@ def _score_one(query: Any, prompt: Any, label: Any, timeout: float) -> tuple[flo
     accuracy_mode = False
     try:
         parsed, accuracy_mode = _parse_label(label)
-        answer = extract_answer(_response_text(query, prompt))
+        answer = extract_answer(response_text(query, prompt))
         value, timed_out = 0.0, False
         if answer is not None and parsed is not None:
-            pool = _get_pool()
-            if pool is None:
-                timed_out = True
-            else:
-                value, timed_out = pool.score(*parsed, answer, max(0.05, timeout))
+            value, timed_out = POOL.run("score", (*parsed, answer), max(0.05, timeout))
         reward = value if accuracy_mode else 2.0 * value - 1.0
         return reward, value, float(answer is not None), float(timed_out)
     except Exception:
@@ -385,9 +229,9 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
     each a float32 Tensor[B]; extra_logs answer_found and score_timeout, Tensor[B]. Never raises."""
     queries, prompts, labels = align(queries, prompts, labels)
     try:
-        timeout = _env_float("OPENRLHF_BAND_GYM_REWARD_TIMEOUT", DEFAULT_TIMEOUT)
+        timeout = POOL.timeout()
         samples = [(q, p, lab, timeout) for q, p, lab in zip(queries, prompts, labels)]
-        rows = map_samples(_score_one, samples, _pool_size())  # a batch: scored concurrently on the pool
+        rows = map_samples(_score_one, samples, POOL.worker_count())  # a batch: scored concurrently on the pool
     except Exception:  # one row per sample whatever happens: no answer, score 0
         rows = [(0.0, 0.0, 0.0, 0.0)] * len(queries)
     columns = [list(column) for column in zip(*rows)] if rows else [[], [], [], []]

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -46,6 +45,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openrlhf_band.tasks.sources import (
+    DATASOURCE_KEY,
+    INPUT_KEY,
+    LABEL_KEY,
+    SourceError,
+    _how_to_override,
+    _hub_offline,
+    _iter_rows,
+    _Unreachable,
+    dedup_key,
+    local_data_files,
+    probe_hub,
+    read_hub,
+    read_local,
+    write_outputs,
+)
 from openrlhf_band.tasks.text import last_boxed
 
 PROMPT_PREFIX = (
@@ -55,13 +70,6 @@ PROMPT_PREFIX = (
 PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 PROMPT_TEMPLATE = PROMPT_PREFIX + "{problem}" + PROMPT_SUFFIX
 
-# the keys written in every row; pass them as --data.input_key / --data.label_key ("datasource" is fixed
-# in OpenRLHF's PromptDataset)
-INPUT_KEY = "prompt"
-LABEL_KEY = "label"
-DATASOURCE_KEY = "datasource"
-
-HUB_PROBE_TIMEOUT_S = 10.0
 MATH_SUBJECTS = (
     "algebra",
     "counting_and_probability",
@@ -113,14 +121,6 @@ SOURCES: dict[str, Source] = {
 }
 
 
-class SourceError(Exception):
-    """A source cannot be read; the message is the one line shown to the user."""
-
-
-class _Unreachable(SourceError):
-    """The hub did not answer (DNS, connection, proxy or timeout)."""
-
-
 # ---------------------------------------------------------------------------------------------
 # text helpers
 # ---------------------------------------------------------------------------------------------
@@ -148,10 +148,6 @@ def answer_text(value: Any) -> str | None:
     return text or None
 
 
-def dedup_key(problem: str) -> str:
-    return " ".join(problem.split())
-
-
 def level_number(value: Any) -> int | None:
     """3 from "Level 3" or 3; None from "Level ?"."""
     match = re.search(r"\d+", str(value))
@@ -169,67 +165,6 @@ def eval_label(answer: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------
-_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-
-
-def _file_format(path: Path) -> str | None:
-    return _FORMATS.get(path.suffix.lower())
-
-
-def local_data_files(path: Path, split: str) -> tuple[str, list[str]]:
-    """(loader name, files) for a local file, or a directory of them (only the split's files, when the
-    names say which split they hold: `train-0000.parquet`, `train/...`, `..._train.jsonl`)."""
-    if path.is_file():
-        files = [path]
-        if _file_format(path) is None:
-            raise SourceError(f"{path}: not a .json, .jsonl or .parquet file")
-    elif path.is_dir():
-        files = sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file() and _file_format(p) and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
-        if not files:
-            raise SourceError(f"{path}: no .json, .jsonl or .parquet files in this directory")
-        token = re.compile(rf"(^|[-_.]){re.escape(split)}([-_.]|$)")
-        in_split = [p for p in files if token.search(p.name) or split in p.relative_to(path).parts[:-1]]
-        files = in_split or files
-    else:
-        raise SourceError(f"{path}: no such file or directory")
-    formats = {_file_format(p) for p in files}
-    if len(formats) > 1:
-        raise SourceError(f"{path}: mixes JSON and parquet files; keep one format")
-    return formats.pop(), [str(p) for p in files]
-
-
-def _hub_offline() -> bool:
-    import datasets
-
-    return bool(datasets.config.HF_HUB_OFFLINE)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
-def probe_hub(hub_id: str) -> None:
-    """Fail fast (one request, a short timeout, no retries) when the hub or the repository is not there."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-
-    try:
-        HfApi().dataset_info(hub_id, timeout=HUB_PROBE_TIMEOUT_S)
-    except GatedRepoError as err:
-        raise SourceError(f"the hub dataset is gated; accept its terms and log in ({_first_line(err)})") from None
-    except RepositoryNotFoundError:
-        raise SourceError("no such dataset on the Hugging Face Hub (or it is private)") from None
-    except HfHubHTTPError as err:
-        raise SourceError(f"the Hugging Face Hub answered with an error ({_first_line(err)})") from None
-    except Exception as err:  # DNS, connect, proxy, timeout: the transport's own exception types
-        raise _Unreachable(_first_line(err)) from None
-
-
 @dataclass
 class Resolved:
     name: str
@@ -266,44 +201,12 @@ def resolve_sources(overrides: dict[str, str], hub_ids: dict[str, str]) -> list[
     return resolved
 
 
-def _how_to_override(name: str) -> str:
-    return f"pass a local copy with --source {name}=PATH (a JSON/JSONL/parquet file or a directory of them)"
-
-
 def _unreachable_message(name: str, hub_id: str, reason: str, overrides: dict[str, str]) -> str:
     missing = [n for n in SOURCES if n not in overrides]
     return (
         f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {_how_to_override(name)}"
         f" (sources without --source: {', '.join(missing)})"
     )
-
-
-def read_local(name: str, origin: str, local: tuple[str, list[str]]):
-    """A local copy's rows as a `datasets.Dataset` (`local` from local_data_files); one-line SourceError."""
-    from datasets import load_dataset
-
-    loader, files = local
-    try:
-        return load_dataset(loader, data_files=files, split="train")
-    except Exception as err:
-        raise SourceError(f"source '{name}': cannot read {origin} ({_first_line(err)})") from None
-
-
-def read_hub(name: str, hub_id: str, config: str | None, split: str, unreachable, where: str = ""):
-    """A hub split's rows as a `datasets.Dataset`; one-line SourceError. `unreachable(reason)` words the message
-    when the hub cannot be reached; `where` is added after the repository in any other failure (", split x")."""
-    from datasets import load_dataset
-
-    try:
-        return load_dataset(hub_id, config, split=split)
-    except ConnectionError as err:  # offline without a cached copy, or the network went away
-        reason = _first_line(err)
-        if _hub_offline():
-            reason = f"HF_HUB_OFFLINE is set and there is no cached copy; {reason}"
-        raise SourceError(unreachable(reason)) from None
-    except Exception as err:
-        what = f"{hub_id}, config {config}" if config else hub_id
-        raise SourceError(f"source '{name}' ({what}{where}): loading failed ({_first_line(err)})") from None
 
 
 def load_source(entry: Resolved, overrides: dict[str, str]):
@@ -333,12 +236,6 @@ def _get(row: dict, path: str) -> Any:
             return None
         value = value[key]
     return value
-
-
-def _iter_rows(dataset, columns: list[str]) -> Iterator[dict]:
-    for batch in dataset.select_columns(columns).iter(batch_size=10_000):
-        for values in zip(*(batch[c] for c in columns)):
-            yield dict(zip(columns, values))
 
 
 def extract(name: str, source: Source, dataset, levels: Iterable[int], stats: dict) -> Iterator[tuple[str, str]]:
@@ -437,19 +334,6 @@ def build(resolved: list[Resolved], overrides: dict[str, str], levels: Iterable[
     return train_rows, eval_rows, manifest
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_outputs(out: Path, train_rows: list, eval_rows: list, manifest: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for filename, rows in (("train.jsonl", train_rows), ("eval.jsonl", eval_rows)):
-        _write_atomic(out / filename, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    _write_atomic(out / "manifest.json", json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-
-
 # ---------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------
@@ -519,3 +403,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 if __name__ == "__main__":
     sys.exit(main(build_parser().parse_args()))
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare-data (openrlhf_band/tasks/prepare.py)
+# ---------------------------------------------------------------------------------------------
+FLAGS: tuple[str, ...] = ()  # the prepare-data options only this task reads (--math-levels has a default)
+
+
+def prepare(
+    args: argparse.Namespace, local: list[str], overrides: dict[str, str], hub_ids: dict[str, str]
+) -> tuple[list[dict], list[dict], dict]:
+    """`openrlhf-band prepare-data` for math: (train rows, eval rows, manifest); `local` the NAME=PATH values."""
+    resolved = resolve_sources(_pairs(local, "--source"), _pairs(args.hub_id, "--hub-id"))
+    return build(resolved, overrides, args.math_levels)

@@ -1,23 +1,16 @@
-"""The math-verify worker side of the reward's process pool (openrlhf_band/tasks/math/reward.py).
+"""The math-verify worker side of the math reward's timed pool (openrlhf_band/tasks/math/reward.py, tasks/pool.py).
 
-Its functions run in pebble's worker processes, which `spawn` fresh interpreters: they are pickled
+Its functions run in the pool's worker processes, which `spawn` fresh interpreters: they are pickled
 by reference, so they live here, in an importable module, not in the reward file (which OpenRLHF
 loads under a name of its own). `init_worker` prepares a worker once; `check` answers one pair.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import time
 
-from openrlhf_band.tasks.workers import prepare_worker
-
-
-class SoftTimeout(BaseException):
-    """Raised in a worker by its own SIGALRM; a BaseException so math-verify's `except Exception` lets it through."""
-
+from openrlhf_band.tasks.pool import SoftTimeout, prepare_worker
 
 _CHECK = None
 
@@ -81,13 +74,7 @@ def check(answer: str, label: str, soft_timeout: float) -> tuple[bool, bool]:
             return _CHECK(answer, label), False
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-    except SoftTimeout:
+    except SoftTimeout:  # a BaseException: math-verify's own `except Exception` does not swallow it
         return False, True
     except Exception:
         return False, False
-
-
-def ping(hold: float = 0.0) -> int:
-    """This worker's pid, after `hold` seconds (pebble runs the initializer before any task)."""
-    time.sleep(hold)
-    return os.getpid()
