@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "studies"))
 
 import docs_tables  # noqa: E402  (studies/ is not a package: the generator's one loader of renderer modules)
+from paired_runs import half_width95, mean_sd, paired_by_seed  # noqa: E402  (the studies' one driver)
 
 from openrlhf_band.tools.demo import DemoConfig, paired_differences  # noqa: E402
 
@@ -31,7 +32,7 @@ def _renderer(study: str):
 def verdict(mean: float, sd: float, n: int, higher: str, lower: str) -> str:
     if n < 2 or math.isnan(sd):
         return "not resolved"
-    half = _renderer("realmodel").study.T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    half = half_width95(sd, n)
     if mean - half > 0:
         return higher
     return lower if mean + half < 0 else "not resolved"
@@ -73,9 +74,8 @@ def smollm2_row() -> str:
     study = _renderer("smollm2")._study()
     runs = study.ledger_runs(study.LEDGER)
     clip, band = runs["clip"], runs["band-kl"]
-    seeds = sorted(set(clip) & set(band))
-    reward = [band[i]["after"]["mean_reward"] - clip[i]["after"]["mean_reward"] for i in seeds]
-    entropy = [band[i]["after"]["entropy"] - clip[i]["after"]["entropy"] for i in seeds]
+    seeds, reward = paired_by_seed(band, clip, lambda s: s["after"]["mean_reward"])
+    entropy = paired_by_seed(band, clip, lambda s: s["after"]["entropy"])[1]
     rise = statistics.fmean(clip[i]["after"]["mean_reward"] - clip[i]["before"]["mean_reward"] for i in clip)
     spread = statistics.stdev(clip[i]["after"]["mean_reward"] for i in clip)
     pilot = study.ledger_runs(ROOT / "studies" / "smollm2" / "results" / "clip-24-steps" / "runs")["clip"]
@@ -87,7 +87,7 @@ def smollm2_row() -> str:
         statistics.fmean(entropy),
         statistics.stdev(entropy),
     )
-    claim1 = (f"band-kl ended {study.mean_sd(reward)} over clip in held-out reward: "
+    claim1 = (f"band-kl ended {mean_sd(reward)} over clip in held-out reward: "
               f"{verdict(m1, s1, len(seeds), 'held', 'the opposite')}; clip itself moved only "
               f"{rise / spread:.1f}x its seed spread "
               f"({pilot_rise / pilot_spread:.1f}x in a 24-step pilot)")  # fmt: skip

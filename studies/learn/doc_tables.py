@@ -13,6 +13,7 @@ import csv
 import importlib.util
 import re
 import statistics
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,6 +22,9 @@ RESULTS = HERE / "results"
 _spec = importlib.util.spec_from_file_location("learn_study_for_docs", HERE / "learn_study.py")
 learn_study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(learn_study)
+
+sys.path.insert(0, str(HERE.parent))
+from paired_runs import markdown_table, mean_sd, paired_seeds  # noqa: E402  (the studies' one driver)
 
 CELL = re.compile(r"[+-]?\d+\.\d+ \+- \d+\.\d+")
 SUMMARY = "studies/learn/results/summary.txt"
@@ -45,10 +49,10 @@ def _rows(section: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _header() -> list[str]:
+def _table(rows: list[list[str]]) -> str:
+    """A table of FINAL_KEYS columns, one row a method (its name first)."""
     names = {"entropy": "entropy (nats)"}
-    keys = [names.get(k, k) for k in learn_study.FINAL_KEYS]
-    return ["| method | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    return "\n".join(markdown_table(["method", *(names.get(k, k) for k in learn_study.FINAL_KEYS)], rows))
 
 
 def final() -> tuple[str, str]:
@@ -56,9 +60,8 @@ def final() -> tuple[str, str]:
     text = (RESULTS / "summary.txt").read_text()
     checkpoint = next(line for line in text.splitlines() if line.startswith("checkpoint"))
     start = [re.search(rf"{key} ([\d.]+)", checkpoint).group(1) for key in learn_study.FINAL_KEYS]
-    lines = [*_header(), "| checkpoint | " + " | ".join(start) + " |"]
-    lines += [f"| {m} | " + " | ".join(cells) + " |" for m, cells in _rows(_section(text, "final (after"))]
-    return "\n".join(lines), SUMMARY
+    rows = [["checkpoint", *start], *([m, *cells] for m, cells in _rows(_section(text, "final (after")))]
+    return _table(rows), SUMMARY
 
 
 def paired_to_clip(method: str) -> tuple[dict[str, tuple[float, float]], int]:
@@ -71,9 +74,7 @@ def paired_to_clip(method: str) -> tuple[dict[str, tuple[float, float]], int]:
 
 def paired() -> tuple[str, str]:
     text = (RESULTS / "summary.txt").read_text()
-    lines = _header()
-    lines += [f"| {m} | " + " | ".join(cells) + " |" for m, cells in _rows(_section(text, "paired difference"))]
-    return "\n".join(lines), SUMMARY
+    return _table([[m, *cells] for m, cells in _rows(_section(text, "paired difference"))]), SUMMARY
 
 
 def _heldout() -> tuple[list[str], list[int], dict[tuple[str, int, int], float]]:
@@ -93,25 +94,25 @@ def _seeds(values: dict, method: str, step: int) -> list[int]:
 def curve() -> tuple[str, str]:
     """Mean held-out pass1 over seeds at each eval step."""
     methods, steps, values = _heldout()
-    lines = ["| step | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    rows = []
     for step in steps:
         cells = [statistics.fmean(values[(m, s, step)] for s in _seeds(values, m, step)) for m in methods]
-        lines.append(f"| {step} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
-    return "\n".join(lines), STEPS
+        rows.append([str(step), *(f"{c:.3f}" for c in cells)])
+    return "\n".join(markdown_table(["step", *methods], rows)), STEPS
 
 
 def curve_paired() -> tuple[str, str]:
     """Held-out pass1 minus clip's at the same seed and step, mean +- sd over the pairs."""
     methods, steps, values = _heldout()
     others = [m for m in methods if m != "clip"]
-    lines = ["| step | " + " | ".join(f"{m} - clip" for m in others) + " |", "|---|" + "---|" * len(others)]
+    rows = []
     for step in steps:
         cells = []
         for m in others:
-            pairs = sorted(set(_seeds(values, m, step)) & set(_seeds(values, "clip", step)))
-            cells.append(learn_study.mean_sd([values[(m, s, step)] - values[("clip", s, step)] for s in pairs]))
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return "\n".join(lines), STEPS
+            pairs = paired_seeds(_seeds(values, m, step), _seeds(values, "clip", step))
+            cells.append(mean_sd([values[(m, s, step)] - values[("clip", s, step)] for s in pairs]))
+        rows.append([str(step), *cells])
+    return "\n".join(markdown_table(["step", *(f"{m} - clip" for m in others)], rows)), STEPS
 
 
 def last_step_seeds() -> tuple[str, str]:
@@ -119,11 +120,11 @@ def last_step_seeds() -> tuple[str, str]:
     methods, steps, values = _heldout()
     last = steps[-1]
     seeds = sorted({s for m, s, step in values if step == last})
-    lines = ["| seed (`--train.seed`) | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    rows = []
     for seed in seeds:
         cells = [f"{values[(m, seed, last)]:.3f}" if (m, seed, last) in values else "" for m in methods]
-        lines.append(f"| {seed} ({learn_study.SEED0 + seed}) | " + " | ".join(cells) + " |")
-    return "\n".join(lines), STEPS
+        rows.append([f"{seed} ({learn_study.SEED0 + seed})", *cells])
+    return "\n".join(markdown_table(["seed (`--train.seed`)", *methods], rows)), STEPS
 
 
 TABLES = {

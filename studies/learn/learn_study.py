@@ -15,8 +15,6 @@ metrics and its held-out eval curve) and curves.png.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +23,19 @@ from pathlib import Path
 from openrlhf_band.integration.methods import METHOD_FLAGS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from paired_runs import load_runs, mean_sd, run_pairs, write_steps  # noqa: E402
+from paired_runs import (  # noqa: E402
+    Curves,
+    final_section,
+    load_paired_runs,
+    mean_and_sd,
+    paired_section,
+    rise_section,
+    run_pairs,
+    stats_by_method,
+    steps_and_seeds,
+    study_cli,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LEARN_SH = ROOT / "studies" / "learn" / "learn.sh"
@@ -48,6 +58,15 @@ STEP_COLUMNS = [
     ("step_seconds", "train/timing/step_total"),
 ]
 FINAL_KEYS = ("mean_reward", "p_correct", "p_fork_hard", "entropy")
+CURVES = Curves(
+    panels=(
+        ("eval/eval_default_pass1", "held-out exact match (OpenRLHF eval, 4 samples, T=1)"),
+        ("train/rollout/reward_mean", "rollout reward (exact match)"),
+        ("train/ppo_clip_ratio", "clipped token fraction"),
+    ),
+    title="GRPO through train_ppo_ray from the train_sft warm-up checkpoint (mean over seeds)",
+    start_key="mean_reward",  # the held-out curve starts at the checkpoint's evaluation
+)
 
 
 def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
@@ -58,51 +77,37 @@ def run(out: Path, seeds: int, methods: list[str], steps: int) -> int:
     return run_pairs(LEARN_SH, out, seeds, chosen, env, SEED0)
 
 
-def load(out: Path) -> dict[str, dict[int, dict]]:
-    return load_runs(out, list(METHODS))
-
-
 def report(out: Path, docs: Path, command: str) -> str:
-    runs = load(out)
-    if "clip" not in runs:
-        sys.exit(f"no clip runs under {out}: run the study first")
+    runs = load_paired_runs(out, list(METHODS))
     docs.mkdir(parents=True, exist_ok=True)
-    some = next(iter(runs["clip"].values()))
-    before = some["before"]
+    before = next(iter(runs["clip"].values()))["before"]
+
+    def cost(by_seed: dict[int, dict]) -> str:
+        sps = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
+        peak = max(s["peak_pss_gib"] or 0 for s in by_seed.values())
+        return f"{sps:>9.2f}{peak:>10.1f}"
+
     lines = [
         f"command: {command}",
         f"checkpoint (held-out, 128 prompts x {before['samples_per_prompt']} samples at T=1): mean_reward "
         f"{before['mean_reward']:.3f}, p_correct {before['p_correct']:.3f}, p_fork_hard {before['p_fork_hard']:.3f}, "
         f"entropy {before['entropy']:.3f} nats",
-        f"steps per run: {some['steps']}; seeds per method: "
-        + ", ".join(f"{m} {len(s)}" for m, s in runs.items()),
+        steps_and_seeds(runs),
         "",
-        "final (after the last step), mean +- sd over seeds:",
-        f"{'method':<15}" + "".join(f"{k:>20}" for k in FINAL_KEYS) + f"{'s/step':>9}{'peak GiB':>10}",
+        *final_section(
+            "final (after the last step), mean +- sd over seeds:",
+            runs,
+            FINAL_KEYS,
+            f"{'s/step':>9}{'peak GiB':>10}",
+            cost,
+        ),
+        "",
+        *rise_section("rise over the checkpoint (after - before), mean +- sd over seeds:", runs, FINAL_KEYS),
+        "",
+        *paired_section(runs, FINAL_KEYS),
     ]
-    for method, by_seed in runs.items():
-        cells = [mean_sd([s["after"][k] for s in by_seed.values()], signed=False) for k in FINAL_KEYS]
-        sps = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
-        peak = max(s["peak_pss_gib"] or 0 for s in by_seed.values())
-        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"{sps:>9.2f}{peak:>10.1f}")
-    lines += ["", "rise over the checkpoint (after - before), mean +- sd over seeds:"]
-    for method, by_seed in runs.items():
-        cells = [mean_sd([s["after"][k] - s["before"][k] for s in by_seed.values()]) for k in FINAL_KEYS]
-        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells))
-    lines += ["", "paired difference to clip (same seed), mean +- sd over the paired seeds:"]
-    for method, by_seed in runs.items():
-        if method == "clip":
-            continue
-        seeds = sorted(set(by_seed) & set(runs["clip"]))
-        if not seeds:
-            continue
-        cells = [mean_sd([by_seed[i]["after"][k] - runs["clip"][i]["after"][k] for i in seeds]) for k in FINAL_KEYS]
-        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"   ({len(seeds)} pairs)")
     text = "\n".join(lines) + "\n"
-    (docs / "summary.txt").write_text(text)
-    (docs / "summary.json").write_text(json.dumps(_stats(runs, command), indent=1) + "\n")
-    write_steps(runs, docs / "steps.csv", STEP_COLUMNS)
-    _plot(runs, docs / "curves.png")
+    write_report(docs, text, _stats(runs, command), runs, STEP_COLUMNS, CURVES)
     return text
 
 
@@ -110,62 +115,21 @@ def _stats(runs: dict[str, dict[int, dict]], command: str) -> dict:
     """The numbers the learning test reads: per method, mean and sd over seeds of each final held-out
     number and of its rise over the checkpoint; `seed_spread` is the largest sd of a final
     mean_reward over the methods."""
-    out: dict = {"command": command, "methods": {}}
-    for method, by_seed in runs.items():
-        entry = {"seeds": sorted(by_seed), "steps": next(iter(by_seed.values()))["steps"]}
-        for k in FINAL_KEYS:
-            after = [s["after"][k] for s in by_seed.values()]
-            rise = [s["after"][k] - s["before"][k] for s in by_seed.values()]
-            entry[k] = {"after_mean": statistics.fmean(after), "after_sd": statistics.stdev(after) if len(after) > 1
-                        else None, "rise_mean": statistics.fmean(rise)}  # fmt: skip
-        out["methods"][method] = entry
+
+    def final(by_seed: dict[int, dict], k: str) -> dict:
+        after_mean, after_sd = mean_and_sd([s["after"][k] for s in by_seed.values()])
+        rise = [s["after"][k] - s["before"][k] for s in by_seed.values()]
+        return {"after_mean": after_mean, "after_sd": after_sd, "rise_mean": statistics.fmean(rise)}
+
+    out: dict = {"command": command, "methods": stats_by_method(runs, FINAL_KEYS, final)}
     sds = [m["mean_reward"]["after_sd"] for m in out["methods"].values() if m["mean_reward"]["after_sd"] is not None]
     out["seed_spread"] = max(sds) if sds else None
     return out
 
 
-def _plot(runs: dict[str, dict[int, dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    panels = [("eval/eval_default_pass1", "held-out exact match (OpenRLHF eval, 4 samples, T=1)"),
-              ("train/rollout/reward_mean", "rollout reward (exact match)"),
-              ("train/ppo_clip_ratio", "clipped token fraction")]  # fmt: skip
-    for ax, (tag, title) in zip(axes, panels):
-        for i, (method, by_seed) in enumerate(runs.items()):
-            steps = sorted({int(k) for s in by_seed.values() for k in s["metrics"].get(tag, {})})
-            if tag.startswith("eval/"):
-                steps = [0, *steps]
-            ys = []
-            for step in steps:
-                vals = [s["before"]["mean_reward"] if step == 0 else s["metrics"][tag].get(str(step))
-                        for s in by_seed.values()]  # fmt: skip
-                vals = [v for v in vals if v is not None]
-                ys.append(statistics.fmean(vals) if vals else float("nan"))
-            ax.plot(steps, ys, label=method, color=f"C{i}", marker="o" if tag.startswith("eval/") else None)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("train_ppo_ray step")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("GRPO through train_ppo_ray from the train_sft warm-up checkpoint (mean over seeds)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--seeds", type=int, default=3)
-    r.add_argument("--steps", type=int, default=20)
-    r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    r.add_argument("--out", type=Path, default=Path("out/learn-study"))
-    p = sub.add_parser("report")
-    p.add_argument("--out", type=Path, default=Path("out/learn-study"))
-    p.add_argument("--docs", type=Path, default=Path("docs/learn_study"))
-    p.add_argument("--command-line", default="make learn-study", help="the command recorded in summary.txt")
+    parser, _, _ = study_cli(__doc__.split("\n\n")[0], list(METHODS), 20, "out/learn-study", "docs/learn_study",
+                             "make learn-study")  # fmt: skip
     args = parser.parse_args()
     if args.command == "run":
         return run(args.out, args.seeds, args.methods, args.steps)

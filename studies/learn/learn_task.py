@@ -1,4 +1,4 @@
-"""The learning study's task, in text: the demo's "fork" task (openrlhf_band/tools/demo.py) as prompts
+"""The learning study's task, in text: the demo's "fork" task (openrlhf_band/tools/demo/task.py) as prompts
 and answers that OpenRLHF's real train_sft and train_ppo_ray read, with a tokenizer and a tiny Qwen2
 built here (nothing is downloaded).
 

@@ -26,9 +26,14 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibrate  # noqa: E402
 import loop  # noqa: E402
+
+# the running, the ledger, the paired statistics and the table layout are the studies' one driver's; this file holds
+# what is the study's own: its task, settings, run, outcomes and stopping rule, and the replay probe
+from paired_runs import Ledger, Stop, interval, markdown_table, paired_by_seed, run_seeds, sign_test  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "studies" / "realmodel" / "results"
@@ -82,11 +87,8 @@ def settings() -> dict:
 
 
 def ledger_entry(method: str, seed: int) -> dict | None:
-    path = LEDGER / f"{method}-seed{seed}.json"
-    if not path.exists():
-        return None
-    entry = json.loads(path.read_text())
-    return entry if entry.get("settings") == settings() else None
+    """The run's ledger entry when it has this study's settings (a run with others is run again, over it)."""
+    return Ledger(LEDGER).entry(method, seed, settings())
 
 
 def run_one(method: str, seed: int, save_mid: bool = False) -> dict:
@@ -112,8 +114,7 @@ def run_one(method: str, seed: int, save_mid: bool = False) -> dict:
         on_step=on_step,
     )
     result["settings"] = settings()
-    LEDGER.mkdir(parents=True, exist_ok=True)
-    (LEDGER / f"{method}-seed{seed}.json").write_text(json.dumps(result, indent=1) + "\n")
+    Ledger(LEDGER).write(method, seed, result)
     return result
 
 
@@ -151,46 +152,11 @@ def paired_gains(outcome: str = "sampled_reward") -> dict:
     """Per seed with both methods: band-kl's final `outcome` minus clip's, and clip's change over the start."""
     read, read_start = OUTCOMES[outcome]
     start = json.loads((RESULTS / "start.json").read_text()) if (RESULTS / "start.json").exists() else None
-    gains, rises, seeds = [], [], []
-    for seed in range(100):
-        a, b = ledger_entry("clip", seed), ledger_entry("band-kl", seed)
-        if a is None or b is None:
-            continue
-        seeds.append(seed)
-        gains.append(read(b) - read(a))
-        if start is not None:
-            rises.append(read(a) - read_start(start))
+    runs = Ledger(LEDGER).runs(PAIRED, settings())
+    clip = runs.get("clip", {})
+    seeds, gains = paired_by_seed(runs.get("band-kl", {}), clip, read)
+    rises = [read(clip[seed]) - read_start(start) for seed in seeds] if start is not None else []
     return {"outcome": outcome, "seeds": seeds, "gains": gains, "clip_rises": rises, **interval(gains)}
-
-
-#: two-sided 95% Student t quantiles by degrees of freedom
-T95 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    11: 2.201,
-    12: 2.179,
-    13: 2.160,
-    14: 2.145,
-    15: 2.131,
-}
-
-
-def interval(values: list[float]) -> dict:
-    """Mean, sd and the 95% t interval of the mean (None below 2 values)."""
-    n = len(values)
-    if n < 2:
-        return {"n": n, "mean": values[0] if values else None, "sd": None, "ci95": None}
-    mean, sd = statistics.fmean(values), statistics.stdev(values)
-    half = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
 
 
 def stopping_rule(pairs: dict) -> str | None:
@@ -212,26 +178,30 @@ def stopping_rule(pairs: dict) -> str | None:
 
 
 def pairs_main(max_seeds: int) -> int:
-    for seed in range(max_seeds):
-        why = stopping_rule(paired_gains())
-        if why:
-            print(f"[realmodel] stopping rule met: {why}", flush=True)
-            break
-        for method in PAIRED:
-            if (WORK / "STOP").exists():
-                print("[realmodel] STOP file: stopping", flush=True)
-                return 0
-            if ledger_entry(method, seed) is not None:
-                continue
-            print(f"[realmodel] {method} seed {seed}", flush=True)
-            r = run_one(method, seed, save_mid=(method == "clip" and seed == 0))
-            print(
-                f"[realmodel] {method} seed {seed}: exact p_correct {r['exact'][0]['mean_p_correct']:.4f} -> "
-                f"{r['exact'][-1]['mean_p_correct']:.4f}, {r['seconds']:.0f} s",
-                flush=True,
-            )
-        report()
-    return 0
+    """The pairs through the driver: the rule checked before each seed, the tables rewritten after it. A STOP file
+    stops the study at once, before any (seed, method), and stays (every call stops until it is removed)."""
+
+    def run(method: str, seed: int) -> bool:
+        print(f"[realmodel] {method} seed {seed}", flush=True)
+        r = run_one(method, seed, save_mid=(method == "clip" and seed == 0))
+        print(
+            f"[realmodel] {method} seed {seed}: exact p_correct {r['exact'][0]['mean_p_correct']:.4f} -> "
+            f"{r['exact'][-1]['mean_p_correct']:.4f}, {r['seconds']:.0f} s",
+            flush=True,
+        )
+        return True  # a failed run raises: the study stops there, its ledger holds every run before it
+
+    stop = Stop(WORK / "STOP", said="STOP file: stopping", status=0, consumed=False, at_once=True)
+    return run_seeds(
+        range(max_seeds),
+        PAIRED,
+        finished=lambda method, seed: ledger_entry(method, seed) is not None,
+        run=run,
+        stop=stop,
+        log="[realmodel]",
+        stopping_rule=lambda: stopping_rule(paired_gains()),
+        after_seed=lambda seed: report(),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the probe
@@ -318,14 +288,6 @@ def _pooled(tokens: dict, names: tuple[str, ...], sign: str) -> float:
 
 
 RARE = ("p<0.01", "p0.01-0.1")
-
-
-def sign_test(diffs: list[float]) -> dict:
-    """Batches where the difference is > 0 and the two-sided exact binomial p-value of that count (ties dropped)."""
-    d = [x for x in diffs if x == x and x != 0]
-    k, n = sum(x > 0 for x in d), len(d)
-    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2**n if n else 1.0
-    return {"positive": k, "n": n, "p_two_sided": min(1.0, 2 * tail)}
 
 
 #: the predictions, written in docs/smollm2_study.md before the probe ran: (name, method a, method b,
@@ -417,35 +379,28 @@ def probe_report(done: dict) -> None:
 def pairs_tables() -> tuple[list[str], dict, dict]:
     """The ledger's runs and the paired outcomes as markdown lines, every outcome's gains, and the primary's."""
     pairs = paired_gains()
-    runs = sorted(LEDGER.glob("*.json")) if LEDGER.exists() else []
-    lines = [
-        "| run | exact p(correct) start -> end | entropy start -> end (nats) | sampled reward | greedy reward | "
-        "mean rollout reward | s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for path in runs:
-        r = json.loads(path.read_text())
-        if r.get("settings") != settings():
-            continue
+    rows = []
+    for r in Ledger(LEDGER).entries(settings()):
         e0, e1 = r["exact"][0], r["exact"][-1]
         mean_roll = statistics.fmean(s["rollout_reward"] for s in r["steps"])
-        lines.append(
-            f"| {r['method']} seed {r['seed']} | {e0['mean_p_correct']:.4f} -> {e1['mean_p_correct']:.4f} | "
-            f"{e0['entropy']:.3f} -> {e1['entropy']:.3f} | {r['sampled']['mean_reward']:.3f} | "
-            f"{r['greedy']['mean_reward']:.3f} | {mean_roll:.3f} | {r['seconds']:.0f} |"
-        )
+        rows.append([
+            f"{r['method']} seed {r['seed']}", f"{e0['mean_p_correct']:.4f} -> {e1['mean_p_correct']:.4f}",
+            f"{e0['entropy']:.3f} -> {e1['entropy']:.3f}", f"{r['sampled']['mean_reward']:.3f}",
+            f"{r['greedy']['mean_reward']:.3f}", f"{mean_roll:.3f}", f"{r['seconds']:.0f}",
+        ])  # fmt: skip
+    head = ["run", "exact p(correct) start -> end", "entropy start -> end (nats)", "sampled reward", "greedy reward",
+            "mean rollout reward", "s"]  # fmt: skip
+    lines = markdown_table(head, rows)
 
-    lines += [
-        "",
-        "| outcome (final, band-kl - clip, paired by seed) | pairs | mean | 95% interval | clip's change |",
-        "|---|---|---|---|---|",
-    ]
     every = {name: paired_gains(name) for name in OUTCOMES}
+    gains = []
     for name, g in every.items():
         ci = f"[{g['ci95'][0]:+.4f}, {g['ci95'][1]:+.4f}]" if g["ci95"] else "-"
         mean = f"{g['mean']:+.4f}" if g["mean"] is not None else "-"
         rise = f"{statistics.fmean(g['clip_rises']):+.4f}" if g["clip_rises"] else "-"
-        lines.append(f"| {name} | {g['n']} | {mean} | {ci} | {rise} |")
+        gains.append([name, str(g["n"]), mean, ci, rise])
+    head = ["outcome (final, band-kl - clip, paired by seed)", "pairs", "mean", "95% interval", "clip's change"]
+    lines += ["", *markdown_table(head, gains)]
     lines += ["", f"Stopping rule (on sampled_reward): {stopping_rule(pairs) or 'not met'}."]
     return lines, every, pairs
 

@@ -14,6 +14,9 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 TOKEN_BINS = RESULTS / "token_bins.json"
 
+sys.path.insert(0, str(HERE.parent))
+from paired_runs import markdown_table  # noqa: E402  (the studies' one driver)
+
 
 def _study():
     """studies/smollm2/study.py under its own name (studies/realmodel/ has a study.py too)."""
@@ -30,19 +33,16 @@ def start_table(start: dict) -> list[str]:
     """The starting model on the held-out split: mean reward, per task, answer tag, reply length, entropy."""
     cells = [f"{start[k]:.3f}" for k in ("mean_reward", "reward_chain_sum", "reward_spell_backward", "answer_found")]
     cells += [f"{start['reply_tokens']:.1f}", f"{start['entropy']:.3f} +- {start['entropy_se']:.3f}"]
-    return [
-        "| mean reward | chain_sum | spell_backward | answer tag found | reply tokens "
-        "| entropy (sampled-token NLL, nats) |",
-        "|---|---|---|---|---|---|",
-        "| " + " | ".join(cells) + " |",
-    ]
+    head = ["mean reward", "chain_sum", "spell_backward", "answer tag found", "reply tokens",
+            "entropy (sampled-token NLL, nats)"]  # fmt: skip
+    return markdown_table(head, [cells])
 
 
 def bins_table(start: dict) -> list[str]:
     """The share of the starting model's own sampled reply tokens per probability bin."""
     shares = " | ".join(f"{start['token_bins'][b]:.3f}" for b in _study().BIN_NAMES)
     return [
-        "| | p < 0.01 | 0.01-0.1 | 0.1-0.5 | >= 0.5 |",
+        "| | p < 0.01 | 0.01-0.1 | 0.1-0.5 | >= 0.5 |",  # the corner cell empty, as the page has it
         "|---|---|---|---|---|",
         f"| starting model, its sampled tokens | {shares} |",
     ]
@@ -51,14 +51,12 @@ def bins_table(start: dict) -> list[str]:
 def first_step_table(first_step: dict) -> list[str]:
     """Each method's clip rate per old-probability bin in its first training step, and its clipped share of all
     tokens (train_ppo_ray's ppo_clip_ratio)."""
-    lines = [
-        "| method (first step) | clip rate p < 0.01 | 0.01-0.1 | 0.1-0.5 | >= 0.5 | clipped, all tokens |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = []
     for method, row in first_step.items():
         rates = ["-" if row["clip_rate"][b] is None else f"{row['clip_rate'][b]:.4f}" for b in _study().BIN_NAMES]
-        lines.append(f"| {method} | " + " | ".join(rates) + f" | {row['ppo_clip_ratio']:.4f} |")
-    return lines
+        rows.append([method, *rates, f"{row['ppo_clip_ratio']:.4f}"])
+    head = ["method (first step)", "clip rate p < 0.01", "0.01-0.1", "0.1-0.5", ">= 0.5", "clipped, all tokens"]
+    return markdown_table(head, rows)
 
 
 def start() -> tuple[str, str]:

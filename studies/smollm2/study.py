@@ -20,7 +20,6 @@ and curves.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,7 +31,23 @@ from openrlhf_band.integration.methods import METHOD_FLAGS
 from openrlhf_band.integration.metrics import _BIN_NAMES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from paired_runs import load_runs, mean_sd, run_pairs, write_steps  # noqa: E402
+from paired_runs import (  # noqa: E402
+    Curves,
+    Ledger,
+    final_section,
+    load_paired_runs,
+    markdown_table,
+    mean_and_sd,
+    mean_sd,
+    paired_by_seed,
+    paired_section,
+    rise_section,
+    run_pairs,
+    stats_by_method,
+    steps_and_seeds,
+    study_cli,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "studies" / "smollm2" / "run.sh"
@@ -52,6 +67,14 @@ STEP_COLUMNS = [
     ("step_seconds", "train/timing/step_total"),
 ]
 FINAL_KEYS = ("mean_reward", "entropy", "answer_found", "reply_tokens")
+CURVES = Curves(
+    panels=(
+        ("train/rollout/reward_mean", "rollout reward (2 score - 1)"),
+        ("train/ppo_clip_ratio", "clipped token fraction"),
+        ("train/kl", "KL to the starting model (k3)"),
+    ),
+    title="SmolLM2-135M-Instruct, GRPO through train_ppo_ray on reasoning-gym (mean over seeds)",
+)
 
 
 def first_step_bins(run: Path, metrics: dict[str, dict[str, float]], calls_per_step: int) -> dict:
@@ -189,12 +212,13 @@ def run(out: Path, seeds: int, methods: list[str], steps: int, ledger: Path | No
     finished earlier (on this machine or another) is taken from it when its settings equal this study's, and
     each run that finishes here is copied into it: the study resumes on a machine without the earlier out/."""
     chosen = {method: METHODS[method] for method in methods}
+    kept = Ledger(ledger) if ledger else None
 
     def restore(method: str, seed: int, run_dir: Path) -> bool:
-        record = ledger / f"{method}-seed{seed}.json" if ledger else None
-        if record is None or not record.exists():
+        summary = kept.read(method, seed) if kept else None
+        if summary is None:
             return False
-        summary = json.loads(record.read_text())
+        record = kept.path(method, seed)
         expected = expected_settings(method, seed, steps)
         if summary.get("settings") != expected:
             sys.exit(
@@ -207,63 +231,56 @@ def run(out: Path, seeds: int, methods: list[str], steps: int, ledger: Path | No
         return True
 
     def keep(method: str, seed: int, run_dir: Path) -> None:
-        if ledger:
-            ledger.mkdir(parents=True, exist_ok=True)
-            (ledger / f"{method}-seed{seed}.json").write_text((run_dir / "summary.json").read_text())
+        if kept:
+            kept.copy(method, seed, run_dir / "summary.json")
 
     return run_pairs(RUN_SH, out, seeds, chosen, {"SMOL_STEPS": str(steps)}, SEED0, restore, keep)
 
 
 def ledger_runs(ledger: Path) -> dict[str, dict[int, dict]]:
-    """The ledger's runs as load() gives out/'s: method -> seed -> summary."""
-    runs: dict[str, dict[int, dict]] = {}
-    for method in METHODS:
-        for record in ledger.glob(f"{method}-seed*.json"):
-            runs.setdefault(method, {})[int(record.stem.rsplit("seed", 1)[1])] = json.loads(record.read_text())
-    return runs
+    """The ledger's runs as load_runs gives out/'s: method -> seed -> summary."""
+    return Ledger(ledger).runs(METHODS)
 
 
 def ledger_table(ledger: Path) -> str:
     """The finished runs of the ledger as a Markdown table (docs/smollm2_study.md shows it while the study runs):
     held-out reward, entropy and answer_found before -> after, and the run's seconds; method order, then seed."""
-    lines = ["| method | seed | reward | entropy (nats) | answer found | run s |", "|---|---|---|---|---|---|"]
+    rows = []
     for method, by_seed in ledger_runs(ledger).items():
         for seed, s in sorted(by_seed.items()):
-            cells = [f"{s['before'][k]:.3f} -> {s['after'][k]:.3f}" for k in ("mean_reward", "entropy", "answer_found")]
-            lines.append(f"| {method} | {seed} | " + " | ".join(cells) + f" | {s['seconds']:.0f} |")
-    return "\n".join(lines) + "\n"
-
-
-def load(out: Path) -> dict[str, dict[int, dict]]:
-    return load_runs(out, list(METHODS))
+            moved = [f"{s['before'][k]:.3f} -> {s['after'][k]:.3f}" for k in ("mean_reward", "entropy", "answer_found")]
+            rows.append([method, str(seed), *moved, f"{s['seconds']:.0f}"])
+    head = ["method", "seed", "reward", "entropy (nats)", "answer found", "run s"]
+    return "\n".join(markdown_table(head, rows)) + "\n"
 
 
 def paired_table(runs: dict[str, dict[int, dict]]) -> str:
     """docs/smollm2_study.md's results table: held-out reward and entropy (nats) after training, mean +- sd over
     seeds, the rise over the starting model, the paired difference to clip (same seed), and the share of replies
     that ran into the token budget (a degenerate run's sign)."""
-    lines = ["| method | reward after | rise over the start | reward - clip | entropy after | entropy - clip "
-             "| replies at the budget |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    clip = runs["clip"]
+    head = ["method", "reward after", "rise over the start", "reward - clip", "entropy after", "entropy - clip",
+            "replies at the budget"]  # fmt: skip
+    rows, clip = [], runs["clip"]
     for method, by_seed in runs.items():
-        seeds, paired = sorted(by_seed), sorted(set(by_seed) & set(clip))
+        seeds = sorted(by_seed)
         after = {k: mean_sd([by_seed[i]["after"][k] for i in seeds], signed=False) for k in ("mean_reward", "entropy")}
-        to_clip = {k: mean_sd([by_seed[i]["after"][k] - clip[i]["after"][k] for i in paired])
+        to_clip = {k: mean_sd(paired_by_seed(by_seed, clip, lambda s, k=k: s["after"][k])[1])
                    for k in ("mean_reward", "entropy")} if method != "clip" else dict.fromkeys(after, "-")  # fmt: skip
         rise = mean_sd([by_seed[i]["after"]["mean_reward"] - by_seed[i]["before"]["mean_reward"] for i in seeds])
         budget = mean_sd([by_seed[i]["after"]["truncated"] for i in seeds], signed=False)
-        cells = [after["mean_reward"], rise, to_clip["mean_reward"], after["entropy"], to_clip["entropy"], budget]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([method, after["mean_reward"], rise, to_clip["mean_reward"], after["entropy"], to_clip["entropy"],
+                     budget])  # fmt: skip
+    return "\n".join(markdown_table(head, rows)) + "\n"
 
 
 def report(out: Path, docs: Path, command: str) -> str:
-    runs = load(out)
-    if "clip" not in runs:
-        sys.exit(f"no clip runs under {out}: run the study first")
+    runs = load_paired_runs(out, list(METHODS))
     docs.mkdir(parents=True, exist_ok=True)
-    some = next(iter(runs["clip"].values()))
-    before = some["before"]
+    before = next(iter(runs["clip"].values()))["before"]
+
+    def cost(by_seed: dict[int, dict]) -> str:
+        return f"{statistics.fmean(s['seconds_per_step'] for s in by_seed.values()):>9.1f}"
+
     lines = [
         f"command: {command}",
         f"model: SmolLM2-135M-Instruct (openrlhf-band prepare-model), float32; held-out: {before['prompts']} prompts x "
@@ -271,36 +288,19 @@ def report(out: Path, docs: Path, command: str) -> str:
         f"starting model: mean_reward {before['mean_reward']:.3f}, entropy {before['entropy']:.3f} +- "
         f"{before['entropy_se']:.3f} nats (sampled-token NLL), answer_found {before['answer_found']:.3f}, "
         f"reply_tokens {before['reply_tokens']:.1f}",
-        f"steps per run: {some['steps']}; seeds per method: " + ", ".join(f"{m} {len(s)}" for m, s in runs.items()),
+        steps_and_seeds(runs),
         "",
-        "held-out after training, mean +- sd over seeds:",
-        f"{'method':<15}" + "".join(f"{k:>20}" for k in FINAL_KEYS) + f"{'s/step':>9}",
+        *final_section("held-out after training, mean +- sd over seeds:", runs, FINAL_KEYS, f"{'s/step':>9}", cost),
+        "",
+        *rise_section("rise over the starting model (after - before), mean +- sd over seeds:", runs, FINAL_KEYS),
     ]
-    for method, by_seed in runs.items():
-        cells = [mean_sd([s["after"][k] for s in by_seed.values()], signed=False) for k in FINAL_KEYS]
-        sps = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
-        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"{sps:>9.1f}")
-    lines += ["", "rise over the starting model (after - before), mean +- sd over seeds:"]
-    for method, by_seed in runs.items():
-        cells = [mean_sd([s["after"][k] - s["before"][k] for s in by_seed.values()]) for k in FINAL_KEYS]
-        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells))
     clip_rise = [s["after"]["mean_reward"] - s["before"]["mean_reward"] for s in runs["clip"].values()]
-    clip_sd = (
-        statistics.stdev([s["after"]["mean_reward"] for s in runs["clip"].values()]) if len(clip_rise) > 1 else None
-    )
+    _, clip_sd = mean_and_sd([s["after"]["mean_reward"] for s in runs["clip"].values()])
     if clip_sd is not None:
         ratio = statistics.fmean(clip_rise) / clip_sd if clip_sd else float("inf")
         lines.append(f"clip's held-out reward moved {statistics.fmean(clip_rise):+.3f}, {ratio:.1f}x its seed spread "
                      f"({clip_sd:.3f}); the study asks for >= 3x")  # fmt: skip
-    lines += ["", "paired difference to clip (same seed), mean +- sd over the paired seeds:"]
-    for method, by_seed in runs.items():
-        if method == "clip":
-            continue
-        seeds = sorted(set(by_seed) & set(runs["clip"]))
-        if not seeds:
-            continue
-        cells = [mean_sd([by_seed[i]["after"][k] - runs["clip"][i]["after"][k] for i in seeds]) for k in FINAL_KEYS]
-        lines.append(f"{method:<15}" + "".join(f"{c:>20}" for c in cells) + f"   ({len(seeds)} pairs)")
+    lines += ["", *paired_section(runs, FINAL_KEYS)]
     lines += ["", "where the sampled tokens are: share of the starting model's sampled reply tokens per p bin",
               "  " + "  ".join(f"{b} {before['token_bins'][b]:.3f}" for b in BIN_NAMES)]  # fmt: skip
     lines += ["", "first training step: share of tokens per old-probability bin and the clip rate within the bin "
@@ -317,68 +317,30 @@ def report(out: Path, docs: Path, command: str) -> str:
         lines.append(f"{method:<15}" + "".join(cells))
     lines += ["", "the page's table (docs/smollm2_study.md):", paired_table(runs)]
     text = "\n".join(lines)
-    (docs / "summary.txt").write_text(text)
-    (docs / "summary.json").write_text(json.dumps(_stats(runs, command), indent=1) + "\n")
-    write_steps(runs, docs / "steps.csv", STEP_COLUMNS)
-    _plot(runs, docs / "curves.png")
+    write_report(docs, text, _stats(runs, command), runs, STEP_COLUMNS, CURVES)
     return text
 
 
 def _stats(runs: dict[str, dict[int, dict]], command: str) -> dict:
     some = next(iter(runs["clip"].values()))
-    out: dict = {"command": command, "before": {k: v for k, v in some["before"].items() if k != "model"}, "methods": {}}
+
+    def final(by_seed: dict[int, dict], k: str) -> dict:
+        after = [s["after"][k] for s in by_seed.values()]
+        after_mean, after_sd = mean_and_sd(after)
+        return {"after": after, "after_mean": after_mean, "after_sd": after_sd}
+
+    methods = stats_by_method(runs, FINAL_KEYS, final)
     for method, by_seed in runs.items():
-        entry: dict = {"seeds": sorted(by_seed), "steps": next(iter(by_seed.values()))["steps"]}
-        for k in FINAL_KEYS:
-            after = [s["after"][k] for s in by_seed.values()]
-            entry[k] = {"after": after, "after_mean": statistics.fmean(after),
-                        "after_sd": statistics.stdev(after) if len(after) > 1 else None}  # fmt: skip
-        entry["first_step_bins"] = {str(seed): s["first_step_bins"] for seed, s in sorted(by_seed.items())}
-        entry["seconds_per_step"] = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
-        out["methods"][method] = entry
-    return out
-
-
-def _plot(runs: dict[str, dict[int, dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    panels = [("train/rollout/reward_mean", "rollout reward (2 score - 1)"),
-              ("train/ppo_clip_ratio", "clipped token fraction"),
-              ("train/kl", "KL to the starting model (k3)")]  # fmt: skip
-    for ax, (tag, title) in zip(axes, panels):
-        for i, (method, by_seed) in enumerate(runs.items()):
-            steps = sorted({int(k) for s in by_seed.values() for k in s["metrics"].get(tag, {})})
-            ys = []
-            for step in steps:
-                vals = [v for s in by_seed.values() if (v := s["metrics"].get(tag, {}).get(str(step))) is not None]
-                ys.append(statistics.fmean(vals) if vals else float("nan"))
-            ax.plot(steps, ys, label=method, color=f"C{i}")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("train_ppo_ray step")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("SmolLM2-135M-Instruct, GRPO through train_ppo_ray on reasoning-gym (mean over seeds)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        methods[method]["first_step_bins"] = {str(seed): s["first_step_bins"] for seed, s in sorted(by_seed.items())}
+        methods[method]["seconds_per_step"] = statistics.fmean(s["seconds_per_step"] for s in by_seed.values())
+    return {"command": command, "before": {k: v for k, v in some["before"].items() if k != "model"}, "methods": methods}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--seeds", type=int, default=3)
-    r.add_argument("--steps", type=int, default=8)
-    r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    r.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
+    parser, sub, r = study_cli(__doc__.split("\n\n")[0], list(METHODS), 8, "out/smollm2-study",
+                               "studies/smollm2/results", "make smollm2-study")  # fmt: skip
     r.add_argument("--ledger", default=str(LEDGER),
                    help="finished runs' summaries kept across machines (committed); 'none': out/ only")  # fmt: skip
-    p = sub.add_parser("report")
-    p.add_argument("--out", type=Path, default=Path("out/smollm2-study"))
-    p.add_argument("--docs", type=Path, default=Path("studies/smollm2/results"))
-    p.add_argument("--command-line", default="make smollm2-study", help="the command recorded in summary.txt")
     f = sub.add_parser("first-step", help="one step of clip, Clip-Higher and band-kl, then token_bins.txt")
     f.add_argument("--out", type=Path, default=Path("out/smollm2-first-step"))
     f.add_argument("--methods", nargs="+", default=list(BIN_METHODS), choices=list(METHODS))
