@@ -52,9 +52,13 @@ def moved_message(old: str) -> str:
     return f"openrlhf_band.recipe.{old} has moved to {new}{how}"
 
 
-def moved_file(path: str) -> None:
-    """Raise the moved line for an old file loaded by path (a reward or agent file OpenRLHF was given)."""
-    raise ImportError(moved_message(Path(path).stem))
+def moved_file(path: str, name: str) -> None:
+    """The moved line for an old file: raised for a file loaded by path (a reward or agent file OpenRLHF was
+    given), printed alone (exit status 1) for one run as a script."""
+    message = moved_message(Path(path).stem)
+    if name == "__main__":
+        raise SystemExit(message)
+    raise ImportError(message)
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):

@@ -2,4 +2,4 @@
 
 from openrlhf_band.recipe import moved_file
 
-moved_file(__file__)
+moved_file(__file__, __name__)

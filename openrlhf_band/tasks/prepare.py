@@ -16,7 +16,8 @@ from openrlhf_band.tasks import DEFAULT_TASK, TASKS, reward_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from openrlhf_band.tasks.gym.data import EXECUTING_SCORERS  # a constant: gym_data imports reasoning-gym lazily
+    """The options every task reads, then each task's own (its data module's `add_arguments`, in a group named
+    after the task)."""
     parser.add_argument("--out", required=True, help="directory for train.jsonl, eval.jsonl and manifest.json")
     parser.add_argument(
         "--source",
@@ -28,38 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hub-id", action="append", metavar="NAME=OWNER/REPO", help="read source NAME from another hub dataset"
     )
-    math = parser.add_argument_group("math")
-    math.add_argument(
-        "--math-levels", type=int, nargs="+", default=[3, 4, 5], help="MATH levels to keep (default: 3 4 5)"
-    )
-    gym = parser.add_argument_group("reasoning-gym")
-    gym.add_argument("--tasks", help="NAME[:WEIGHT][,NAME[:WEIGHT]...]: reasoning-gym tasks and their shares")
-    gym.add_argument("--size", type=int, default=10_000, help="training items in all (default 10000)")
-    gym.add_argument("--eval-size", type=int, default=100, help="held-out items per task (default 100)")
-    gym.add_argument(
-        "--task-option",
-        action="append",
-        metavar="NAME.KEY=VALUE",
-        help="a task's config option, e.g. basic_arithmetic.max_terms=3 (VALUE read as JSON when it parses)",
-    )
-    gym.add_argument(
-        "--shots",
-        type=int,
-        default=0,
-        help="K solved items of the same task before each question, as chat turns (default 0: reasoning-gym's "
-        "system prompt instead); small models that never write <answer> tags follow them (docs/tasks.md)",
-    )
-    gym.add_argument(
-        "--allow-executing-scorers",
-        action="store_true",
-        help="allow tasks whose scorer runs the model's answer as Python (eval / sympy parse_expr), outside any "
-        "sandbox: " + ", ".join(EXECUTING_SCORERS),
-    )
     parser.add_argument("--seed", type=int, default=0, help="generation / subsampling seed (default 0)")
-    hub = parser.add_argument_group("code and mc")
-    hub.add_argument("--train", help="training sources, comma-separated (code: mbpp; mc: commonsense_qa)")
-    hub.add_argument("--eval", help="eval sources, comma-separated (code: humaneval,mbpp; mc: commonsense_qa,mmlu)")
-    hub.add_argument("--max-eval", type=int, default=None, help="at most this many eval rows per source (mc)")
+    hub = parser.add_argument_group("which hub sources (the tasks that read several)")
+    hub.add_argument("--train", help="training sources, comma-separated (default: the task's own; docs/tasks.md)")
+    hub.add_argument("--eval", help="eval sources, comma-separated (default: the task's own; docs/tasks.md)")
+    for name, task in TASKS.items():
+        module = importlib.import_module(task.data_module)  # light: each imports its libraries when it builds
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(parser.add_argument_group(name))
 
 
 def _split_sources(values: list[str] | None) -> tuple[str, list[str]]:

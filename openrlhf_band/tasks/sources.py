@@ -27,7 +27,7 @@ class SourceError(Exception):
     """A source cannot be read; the message is the one line shown to the user."""
 
 
-class _Unreachable(SourceError):
+class Unreachable(SourceError):
     """The hub did not answer (DNS, connection, proxy or timeout)."""
 
 
@@ -75,13 +75,13 @@ def local_data_files(path: Path, split: str) -> tuple[str, list[str]]:
     return formats.pop(), [str(p) for p in files]
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
     import datasets
 
     return bool(datasets.config.HF_HUB_OFFLINE)
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
@@ -94,16 +94,16 @@ def probe_hub(hub_id: str) -> None:
     try:
         HfApi().dataset_info(hub_id, timeout=HUB_PROBE_TIMEOUT_S)
     except GatedRepoError as err:
-        raise SourceError(f"the hub dataset is gated; accept its terms and log in ({_first_line(err)})") from None
+        raise SourceError(f"the hub dataset is gated; accept its terms and log in ({first_line(err)})") from None
     except RepositoryNotFoundError:
         raise SourceError("no such dataset on the Hugging Face Hub (or it is private)") from None
     except HfHubHTTPError as err:
-        raise SourceError(f"the Hugging Face Hub answered with an error ({_first_line(err)})") from None
+        raise SourceError(f"the Hugging Face Hub answered with an error ({first_line(err)})") from None
     except Exception as err:  # DNS, connect, proxy, timeout: the transport's own exception types
-        raise _Unreachable(_first_line(err)) from None
+        raise Unreachable(first_line(err)) from None
 
 
-def _how_to_override(name: str) -> str:
+def how_to_override(name: str) -> str:
     return f"pass a local copy with --source {name}=PATH (a JSON/JSONL/parquet file or a directory of them)"
 
 
@@ -115,7 +115,7 @@ def read_local(name: str, origin: str, local: tuple[str, list[str]]):
     try:
         return load_dataset(loader, data_files=files, split="train")
     except Exception as err:
-        raise SourceError(f"source '{name}': cannot read {origin} ({_first_line(err)})") from None
+        raise SourceError(f"source '{name}': cannot read {origin} ({first_line(err)})") from None
 
 
 def read_hub(
@@ -135,17 +135,17 @@ def read_hub(
     try:
         return load_dataset(hub_id, config, split=split)
     except ConnectionError as err:  # offline without a cached copy, or the network went away
-        reason = _first_line(err)
-        if _hub_offline():
+        reason = first_line(err)
+        if hub_offline():
             reason = f"HF_HUB_OFFLINE is set and there is no cached copy; {reason}"
         raise SourceError(unreachable(reason)) from None
     except Exception as err:
         what = f"{hub_id}, config {config}" if config else hub_id
         tail = f"; {hint}" if hint else ""
-        raise SourceError(f"source '{name}' ({what}{where}): loading failed ({_first_line(err)}){tail}") from None
+        raise SourceError(f"source '{name}' ({what}{where}): loading failed ({first_line(err)}){tail}") from None
 
 
-def _iter_rows(dataset, columns: list[str]) -> Iterator[dict]:
+def iter_rows(dataset, columns: list[str]) -> Iterator[dict]:
     for batch in dataset.select_columns(columns).iter(batch_size=10_000):
         for values in zip(*(batch[c] for c in columns)):
             yield dict(zip(columns, values))

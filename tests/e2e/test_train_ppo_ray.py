@@ -574,7 +574,8 @@ def test_the_prepared_model_matches_its_gguf_and_vllm(gym_run):
 def test_a_code_agent_trains_with_the_sandbox_as_its_tool(code_run):
     logs = {"code_found", "code_timeout", "sandbox_error", "visible_passed", "agent_turns"}
     scalars = check_task_run(code_run, logs, {"mbpp"})
-    assert "code_agent.py'" in code_run.log and "remote_url=['agent']" in code_run.log  # the agent, no reward file
+    # the agent, no reward file
+    assert "tasks/code/agent.py'" in code_run.log and "remote_url=['agent']" in code_run.log
     check_centred_on_the_actor(code_run, [1])
     # every sample ran in a working sandbox (a broken one would score 0 silently: it is logged, and must be 0)
     assert all(v == 0.0 for v in scalars["train/sandbox_error"].values()), scalars["train/sandbox_error"]

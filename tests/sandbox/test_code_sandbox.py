@@ -419,7 +419,7 @@ def test_every_canonical_solution_scores_1_through_the_reward_as_a_model_would_w
     with the body alone (completing the prompt)."""
     import importlib.util
 
-    path = Path(code_data.__file__).with_name("code_reward.py")
+    path = Path(code_data.__file__).with_name("reward.py")  # tasks/code/reward.py, beside its data module
     spec = importlib.util.spec_from_file_location("code_reward_file", path)
     reward = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reward)

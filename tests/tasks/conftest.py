@@ -1,4 +1,4 @@
-"""Fixtures shared by the recipe tests."""
+"""Fixtures shared by the tasks' tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The recipe's multi-turn agents (openrlhf_band/recipe/{agent_turns, code_agent, gym_agent}.py), run through
+"""The multi-turn agents (openrlhf_band/tasks/{agent_turns.py, code/agent.py, gym/agent.py}), run through
 OpenRLHF 0.11.2's own `MultiTurnAgentExecutor.execute` with a scripted engine in place of vLLM.
 
 Ground truth from outside the agents: the token sequence an episode builds (prompt, replies, the

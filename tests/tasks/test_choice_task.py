@@ -262,10 +262,10 @@ def test_normalise(question, choices, answer, expected):
 
 def test_unreachable_hub_is_one_line_naming_the_source_and_the_flag(monkeypatch):
     def unreachable(hub_id):
-        raise sources._Unreachable("ConnectError: [Errno -3] Temporary failure in name resolution")
+        raise sources.Unreachable("ConnectError: [Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(choice_data, "probe_hub", unreachable)
-    monkeypatch.setattr(choice_data, "_hub_offline", lambda: False)
+    monkeypatch.setattr(choice_data, "hub_offline", lambda: False)
     with pytest.raises(SourceError) as info:
         choice_data.build({}, {}, ["commonsense_qa"], ["mmlu"])
     message = str(info.value)
@@ -286,7 +286,7 @@ def test_a_missing_hub_repository_is_one_line(monkeypatch):
         raise SourceError("no such dataset on the Hugging Face Hub (or it is private)")
 
     monkeypatch.setattr(choice_data, "probe_hub", missing)
-    monkeypatch.setattr(choice_data, "_hub_offline", lambda: False)
+    monkeypatch.setattr(choice_data, "hub_offline", lambda: False)
     with pytest.raises(SourceError) as info:
         choice_data.build({}, {"mmlu": "me/no-such-mmlu"}, [], ["mmlu"])
     message = str(info.value)
@@ -300,8 +300,8 @@ def test_offline_without_a_cached_copy_is_one_line(monkeypatch):
     def no_cache(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'tau/commonsense_qa' on the Hub (LocalEntryNotFoundError)\nmore")
 
-    monkeypatch.setattr(choice_data, "_hub_offline", lambda: True)  # the probe is skipped
-    monkeypatch.setattr(sources, "_hub_offline", lambda: True)  # read_hub words the missing cache
+    monkeypatch.setattr(choice_data, "hub_offline", lambda: True)  # the probe is skipped
+    monkeypatch.setattr(sources, "hub_offline", lambda: True)  # read_hub words the missing cache
     monkeypatch.setattr(datasets, "load_dataset", no_cache)
     with pytest.raises(SourceError) as info:
         choice_data.build({}, {}, [], ["commonsense_qa"])
@@ -330,7 +330,7 @@ def test_hub_repositories_configs_and_splits(monkeypatch):
         return real_load("json", data_files=str(FIXTURES / files[(path, split)]), split="train")
 
     monkeypatch.setattr(choice_data, "probe_hub", probed.append)
-    monkeypatch.setattr(choice_data, "_hub_offline", lambda: False)
+    monkeypatch.setattr(choice_data, "hub_offline", lambda: False)
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     train, evals, manifest = choice_data.build({}, {}, BOTH, BOTH)
     assert sorted(probed) == ["cais/mmlu", "tau/commonsense_qa"]  # once per repository

@@ -54,7 +54,7 @@ def no_hub(monkeypatch):
         raise AssertionError(f"the hub was consulted: {args} {kwargs}")
 
     monkeypatch.setattr(code_data, "probe_hub", refuse)
-    monkeypatch.setattr(code_data, "_hub_offline", lambda: False)
+    monkeypatch.setattr(code_data, "hub_offline", lambda: False)
     return refuse
 
 
@@ -347,10 +347,10 @@ def test_unreachable_hub_names_the_source_to_pass(monkeypatch):
 
     def unreachable(hub_id):
         probed.append(hub_id)
-        raise sources._Unreachable("test")
+        raise sources.Unreachable("test")
 
     monkeypatch.setattr(code_data, "probe_hub", unreachable)
-    monkeypatch.setattr(code_data, "_hub_offline", lambda: False)
+    monkeypatch.setattr(code_data, "hub_offline", lambda: False)
     with pytest.raises(SourceError) as err:
         code_data.build(["mbpp"], [], {}, {})
     message = str(err.value)
@@ -365,7 +365,7 @@ def test_offline_without_a_cache_names_the_source_to_pass(monkeypatch, no_hub):
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'google-research-datasets/mbpp' on the Hub (OfflineModeIsEnabled)")
 
-    monkeypatch.setattr(code_data, "_hub_offline", lambda: True)  # HF_HUB_OFFLINE=1: no probe
+    monkeypatch.setattr(code_data, "hub_offline", lambda: True)  # HF_HUB_OFFLINE=1: no probe
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(SourceError) as err:
         code_data.build([], ["mbpp"], {}, {})
@@ -385,7 +385,7 @@ def test_hub_sources_are_read_with_their_config_and_split(monkeypatch):
         return rows[split]
 
     monkeypatch.setattr(code_data, "probe_hub", probed.append)
-    monkeypatch.setattr(code_data, "_hub_offline", lambda: False)
+    monkeypatch.setattr(code_data, "hub_offline", lambda: False)
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     train, evals, manifest = code_data.build(["mbpp"], ["mbpp"], {}, {"mbpp": "someone/mbpp-copy"})
     assert probed == ["someone/mbpp-copy"] * 2

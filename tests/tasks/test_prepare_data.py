@@ -39,13 +39,14 @@ EXPECTED_PROMPT_A = (
 )
 
 
-def _args(out: Path, sources: dict[str, Path], *extra: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    data.add_arguments(parser)
-    argv = ["--out", str(out)]
+def _prepare(out: Path, sources: dict[str, Path], *extra: str) -> int:
+    """`openrlhf-band prepare-data` (math, the default task) through the real CLI entry; its exit status."""
+    from openrlhf_band.tools import cli
+
+    argv = ["prepare-data", "--out", str(out)]
     for name, path in sources.items():
         argv += ["--source", f"{name}={path}"]
-    return parser.parse_args(argv + list(extra))
+    return cli.main(argv + list(extra))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -61,7 +62,7 @@ def _problem(prompt: str) -> str:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared")
-    assert data.main(_args(out, FIXTURE_SOURCES)) == 0
+    assert _prepare(out, FIXTURE_SOURCES) == 0
     return {
         "train": _read_jsonl(out / "train.jsonl"),
         "eval": _read_jsonl(out / "eval.jsonl"),
@@ -161,7 +162,7 @@ def test_openrlhf_prompt_dataset_reads_prompt_label_and_datasource(prepared, tmp
     from openrlhf.datasets.utils import blending_datasets
 
     out = tmp_path / "out"
-    assert data.main(_args(out, FIXTURE_SOURCES)) == 0
+    assert _prepare(out, FIXTURE_SOURCES) == 0
 
     class Strategy:
         args = argparse.Namespace(
@@ -203,7 +204,7 @@ def test_local_directory_uses_the_split_files_of_a_hub_snapshot(tmp_path):
     Dataset.from_list(rows).to_parquet(str(snapshot / "algebra" / "train-00000-of-00001.parquet"))
     Dataset.from_list(rows[:2]).to_parquet(str(snapshot / "algebra" / "test-00000-of-00001.parquet"))
     out = tmp_path / "out"
-    assert data.main(_args(out, {**FIXTURE_SOURCES, "math": snapshot})) == 0
+    assert _prepare(out, {**FIXTURE_SOURCES, "math": snapshot}) == 0
     math = json.loads((out / "manifest.json").read_text())["train"]["sources"]["math"]
     assert (math["rows_read"], math["written"]) == (8, 3)
 
@@ -211,7 +212,7 @@ def test_local_directory_uses_the_split_files_of_a_hub_snapshot(tmp_path):
 def test_missing_column_is_one_clear_error(tmp_path, capsys):
     out = tmp_path / "out"
     # AIME 2025's file has `problem`, but the AMC 2023 source reads `question`
-    assert data.main(_args(out, {**FIXTURE_SOURCES, "amc23": FIXTURE_SOURCES["aime25"]})) == 1
+    assert _prepare(out, {**FIXTURE_SOURCES, "amc23": FIXTURE_SOURCES["aime25"]}) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "source 'amc23'" in err and "'question'" in err and "SOURCES" in err

@@ -68,7 +68,7 @@ def test_reward_file_for_code_leaves_the_sandbox_alone():
     assert done.returncode == 0, done.stderr
     path, modules = done.stdout.splitlines()
     assert path == str(TASKS_DIR / "code" / "reward.py")
-    assert modules == "['openrlhf_band.tasks']"  # neither code_reward nor sandbox
+    assert modules == "['openrlhf_band.tasks', 'openrlhf_band.tasks.code']"  # the folder: no reward, no sandbox
 
 
 # ----------------------------------------------------------------------------- every task, one contract
@@ -87,14 +87,13 @@ def test_every_task_is_one_folder_with_the_same_contract(task):
     `reward_func` answers any sample, a nonsense one included, with one float32 value per sample and no error."""
     entry = tasks.TASKS[task]
     folder = TASKS_DIR / entry.folder
-    assert {p.name for p in folder.glob("*.py")} == {"__init__.py", "data.py", "reward.py"} | (
-        {"agent.py"} if entry.has_agent else set()
-    )
+    files = {p.name for p in folder.glob("*.py")}
+    assert {"__init__.py", "data.py", "reward.py"} <= files and ("agent.py" in files) == entry.has_agent
     data = importlib.import_module(entry.data_module)
     assert list(inspect.signature(data.prepare).parameters) == ["args", "local", "overrides", "hub_ids"]
     assert isinstance(data.FLAGS, tuple) and set(data.FLAGS) <= _prepare_data_options()
     reward = load_reward_file(Path(tasks.reward_file(task)), f"contract_{entry.folder}_reward")
-    out = reward(["<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n??"] * 2,
+    out = reward.reward_func(["<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n??"] * 2,
                  ["<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"] * 2, ["not a label", None])
     assert set(out) == {"rewards", "scores", "extra_logs"}
     for values in [out["rewards"], out["scores"], *out["extra_logs"].values()]:

@@ -76,11 +76,11 @@ from openrlhf_band.tasks.sources import (
     INPUT_KEY,
     LABEL_KEY,
     SourceError,
-    _how_to_override,
-    _hub_offline,
-    _iter_rows,
-    _Unreachable,
+    Unreachable,
     flag_names,
+    how_to_override,
+    hub_offline,
+    iter_rows,
     local_data_files,
     probe_hub,
     read_hub,
@@ -283,7 +283,7 @@ def _local_files(name: str, role: str, source: ChoiceSource, path: Path, roles: 
 def _unreachable_message(name: str, hub_id: str, reason: str, needed: list[str], overrides: dict[str, str]) -> str:
     missing = [n for n in needed if n not in overrides]
     return (
-        f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {_how_to_override(name)}"
+        f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {how_to_override(name)}"
         f" (sources without --source: {', '.join(missing)})"
     )
 
@@ -307,15 +307,15 @@ def _resolve(
                 continue
             hub_id = hub_ids.get(name, source.hub_id)
             if offline is None:
-                offline = _hub_offline()
+                offline = hub_offline()
             if not offline and hub_id not in probed:
                 try:
                     probe_hub(hub_id)
-                except _Unreachable as err:
+                except Unreachable as err:
                     reason = f"{err}; HF_HUB_OFFLINE=1 would use a cached copy, if there is one"
                     raise SourceError(_unreachable_message(name, hub_id, reason, needed, overrides)) from None
                 except SourceError as err:
-                    raise SourceError(f"source '{name}' ({hub_id}): {err}; {_how_to_override(name)}") from None
+                    raise SourceError(f"source '{name}' ({hub_id}): {err}; {how_to_override(name)}") from None
                 probed.add(hub_id)
             resolved.append(_Resolved(name, role, source, split, f"hub:{hub_id}"))
     return resolved
@@ -352,7 +352,7 @@ def _rows(entry: _Resolved, dataset, stats: dict) -> Iterator[tuple[str, list[tu
             f" {', '.join(map(repr, absent))} (columns: {', '.join(names)});"
             " the column names are in SOURCES in openrlhf_band/tasks/choice/data.py"
         )
-    for row in _iter_rows(dataset, columns):
+    for row in iter_rows(dataset, columns):
         stats["rows_read"] += 1
         item = normalise(row[source.question], row[source.choices], row[source.answer])
         if item is None:
@@ -476,6 +476,11 @@ def build(
 
 # prepare-data (openrlhf_band/tasks/prepare.py): the options only mc reads (--train / --eval shared with code)
 FLAGS = ("train", "eval", "max_eval")
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    """This task's own prepare-data options (--train / --eval are every hub task's)."""
+    group.add_argument("--max-eval", type=int, default=None, help="at most this many eval rows per source")
 
 
 def prepare(

@@ -1,4 +1,4 @@
-"""The multiple-choice reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url /path/to/choice_reward.py`.
+"""The multiple-choice reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/choice/reward.py`.
 
 The contract is that of `openrlhf_band/tasks/math/reward.py` (see its docstring): OpenRLHF loads this file
 with `importlib.util.spec_from_file_location` (so only absolute imports work here) and calls

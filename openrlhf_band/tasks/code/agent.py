@@ -1,5 +1,5 @@
 """The code task as a multi-turn agent with a sandboxed tool: pass `--train.agent_func_path
-/path/to/code_agent.py` (`python -m openrlhf_band.tasks agent-file code` prints the path) in place of
+openrlhf_band/tasks/code/agent.py` (`python -m openrlhf_band.tasks agent-file code` prints the path) in place of
 `--reward.remote_url`.
 
 An episode: the model replies with a program; the environment runs it in the sandbox against the label's

@@ -39,11 +39,11 @@ from typing import Any
 
 from openrlhf_band.tasks.sources import (
     SourceError,
-    _how_to_override,
-    _hub_offline,
-    _Unreachable,
+    Unreachable,
     dedup_key,
     flag_names,
+    how_to_override,
+    hub_offline,
     local_data_files,
     probe_hub,
     read_hub,
@@ -181,15 +181,15 @@ def _load_split(name: str, split: str, overrides: dict[str, str], hub_ids: dict[
         dataset = read_local(name, overrides[name], (loader, files))
     else:
         hub_id = hub_ids.get(name, source.hub_id)
-        how = _how_to_override(name)
+        how = how_to_override(name)
 
         def unreachable(reason: str) -> str:
             return f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {how}"
 
-        if not _hub_offline():
+        if not hub_offline():
             try:
                 probe_hub(hub_id)
-            except _Unreachable as err:
+            except Unreachable as err:
                 raise SourceError(unreachable(str(err))) from None
             except SourceError as err:
                 raise SourceError(f"source '{name}' ({hub_id}): {err}; {how}") from None

@@ -1,4 +1,4 @@
-"""The code reward as an OpenRLHF 0.11.2 reward file: pass `--reward.remote_url /path/to/code_reward.py`.
+"""The code reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/code/reward.py`.
 
 The contract is the math reward's (openrlhf_band/tasks/math/reward.py: OpenRLHF loads this file with
 `importlib.util.spec_from_file_location` and calls `reward_func(queries, prompts, labels)` from worker

@@ -514,6 +514,32 @@ def build(
 FLAGS = ("tasks", "task_option", "allow_executing_scorers", "shots")
 
 
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    """This task's own prepare-data options."""
+    group.add_argument("--tasks", help="NAME[:WEIGHT][,NAME[:WEIGHT]...]: reasoning-gym tasks and their shares")
+    group.add_argument("--size", type=int, default=10_000, help="training items in all (default 10000)")
+    group.add_argument("--eval-size", type=int, default=100, help="held-out items per task (default 100)")
+    group.add_argument(
+        "--task-option",
+        action="append",
+        metavar="NAME.KEY=VALUE",
+        help="a task's config option, e.g. basic_arithmetic.max_terms=3 (VALUE read as JSON when it parses)",
+    )
+    group.add_argument(
+        "--shots",
+        type=int,
+        default=0,
+        help="K solved items of the same task before each question, as chat turns (default 0: reasoning-gym's "
+        "system prompt instead); small models that never write <answer> tags follow them (docs/tasks.md)",
+    )
+    group.add_argument(
+        "--allow-executing-scorers",
+        action="store_true",
+        help="allow tasks whose scorer runs the model's answer as Python (eval / sympy parse_expr), outside any "
+        "sandbox: " + ", ".join(EXECUTING_SCORERS),
+    )
+
+
 def prepare(
     args: argparse.Namespace, local: list[str], overrides: dict[str, str], hub_ids: dict[str, str]
 ) -> tuple[list[dict], list[dict], dict]:

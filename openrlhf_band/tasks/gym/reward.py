@@ -1,4 +1,4 @@
-"""The reasoning-gym reward as an OpenRLHF 0.11.2 reward file: pass `--reward.remote_url /path/to/gym_reward.py`.
+"""The reasoning-gym reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/gym/reward.py`.
 
 For the rows that openrlhf_band/tasks/gym/data.py writes. The contract is reward.py's: OpenRLHF
 loads this file with `importlib.util.spec_from_file_location` (only absolute imports work here) and

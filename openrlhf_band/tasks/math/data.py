@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,16 +49,15 @@ from openrlhf_band.tasks.sources import (
     INPUT_KEY,
     LABEL_KEY,
     SourceError,
-    _how_to_override,
-    _hub_offline,
-    _iter_rows,
-    _Unreachable,
+    Unreachable,
     dedup_key,
+    how_to_override,
+    hub_offline,
+    iter_rows,
     local_data_files,
     probe_hub,
     read_hub,
     read_local,
-    write_outputs,
 )
 from openrlhf_band.tasks.text import last_boxed
 
@@ -188,15 +186,15 @@ def resolve_sources(overrides: dict[str, str], hub_ids: dict[str, str]) -> list[
             continue
         hub_id = hub_ids.get(name, source.hub_id)
         if offline is None:
-            offline = _hub_offline()
+            offline = hub_offline()
         if not offline:
             try:
                 probe_hub(hub_id)
-            except _Unreachable as err:
+            except Unreachable as err:
                 reason = f"{err}; HF_HUB_OFFLINE=1 would use a cached copy, if there is one"
                 raise SourceError(_unreachable_message(name, hub_id, reason, overrides)) from None
             except SourceError as err:
-                raise SourceError(f"source '{name}' ({hub_id}): {err}; {_how_to_override(name)}") from None
+                raise SourceError(f"source '{name}' ({hub_id}): {err}; {how_to_override(name)}") from None
         resolved.append(Resolved(name, source, f"hub:{hub_id}"))
     return resolved
 
@@ -204,7 +202,7 @@ def resolve_sources(overrides: dict[str, str], hub_ids: dict[str, str]) -> list[
 def _unreachable_message(name: str, hub_id: str, reason: str, overrides: dict[str, str]) -> str:
     missing = [n for n in SOURCES if n not in overrides]
     return (
-        f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {_how_to_override(name)}"
+        f"source '{name}' ({hub_id}): the Hugging Face Hub is unreachable ({reason}); {how_to_override(name)}"
         f" (sources without --source: {', '.join(missing)})"
     )
 
@@ -251,7 +249,7 @@ def extract(name: str, source: Source, dataset, levels: Iterable[int], stats: di
             " the column names are in SOURCES in openrlhf_band/tasks/math/data.py"
         )
     levels = set(levels)
-    for row in _iter_rows(dataset, columns):
+    for row in iter_rows(dataset, columns):
         stats["rows_read"] += 1
         if source.level:
             if level_number(row[source.level]) not in levels:
@@ -350,65 +348,17 @@ def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
     return pairs
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    names = ", ".join(SOURCES)
-    parser.add_argument("--out", required=True, help="directory for train.jsonl, eval.jsonl and manifest.json")
-    parser.add_argument(
-        "--source",
-        action="append",
-        metavar="NAME=PATH",
-        help=f"read source NAME ({names}) from a local JSON/JSONL/parquet file or directory instead of the hub",
-    )
-    parser.add_argument(
-        "--hub-id",
-        action="append",
-        metavar="NAME=OWNER/REPO",
-        help="read source NAME from another hub dataset with the same split and columns",
-    )
-    parser.add_argument(
-        "--math-levels", type=int, nargs="+", default=[3, 4, 5], help="MATH levels to keep (default: 3 4 5)"
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        datasets.utils.logging.set_verbosity_error()
-        overrides = _pairs(args.source, "--source")
-        hub_ids = _pairs(args.hub_id, "--hub-id")
-        resolved = resolve_sources(overrides, hub_ids)
-        train_rows, eval_rows, manifest = build(resolved, overrides, args.math_levels)
-    except SourceError as err:
-        print(f"openrlhf-band prepare-data: error: {err}", file=sys.stderr)
-        return 1
-    out = Path(args.out)
-    write_outputs(out, train_rows, eval_rows, manifest)
-    per_source = ", ".join(
-        f"{n} {s['written']}" for part in ("train", "eval") for n, s in manifest[part]["sources"].items()
-    )
-    print(
-        f"wrote {out / 'train.jsonl'} ({len(train_rows)} rows, {manifest['train']['duplicates_dropped']} duplicates"
-        f" dropped), {out / 'eval.jsonl'} ({len(eval_rows)} rows) and {out / 'manifest.json'} [{per_source}]"
-    )
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openrlhf-band prepare-data", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return parser
-
-
-if __name__ == "__main__":
-    sys.exit(main(build_parser().parse_args()))
-
-
 # ---------------------------------------------------------------------------------------------
 # prepare-data (openrlhf_band/tasks/prepare.py)
 # ---------------------------------------------------------------------------------------------
 FLAGS: tuple[str, ...] = ()  # the prepare-data options only this task reads (--math-levels has a default)
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    """This task's own prepare-data options."""
+    group.add_argument(
+        "--math-levels", type=int, nargs="+", default=[3, 4, 5], help="MATH levels to keep (default: 3 4 5)"
+    )
 
 
 def prepare(

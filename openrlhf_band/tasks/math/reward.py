@@ -1,4 +1,4 @@
-"""The DAPO math reward as an OpenRLHF 0.11.2 reward file: pass `--reward.remote_url /path/to/reward.py`.
+"""The DAPO math reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/math/reward.py`.
 
 OpenRLHF loads this file with `importlib.util.spec_from_file_location` (so only absolute imports work
 here) and, for every sample, calls `reward_func([query], [prompt], [label])` from a worker thread
