@@ -168,7 +168,8 @@ def capture() -> dict:
             out = Path(tmp) / case
             done = cli("prepare-data", "--out", str(out), *argv)
             assert done.returncode == 0, done.stderr[-3000:]
-            manifest = json.loads((out / "manifest.json").read_text())
+            # the manifest names local sources by path: the checkout's own written <REPO>
+            manifest = json.loads((out / "manifest.json").read_text().replace(str(ROOT), "<REPO>"))
             reward_module = manifest.pop("reward_file", None)
             result["prepare"][case] = {
                 "train.jsonl": sha(out / "train.jsonl"),
