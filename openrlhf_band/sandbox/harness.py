@@ -278,15 +278,19 @@ def kill_session(proc):
 
 def start_program(argv, limits, **popen):
     """A program process in its own session, with the limits; recorded in STARTED before anything can stop us."""
-    proc = subprocess.Popen(
-        argv, cwd=limits["workdir"], env=limits["env"], preexec_fn=lambda: apply_limits(limits), **popen
-    )
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=limits["workdir"], env=limits["env"], preexec_fn=lambda: apply_limits(limits), **popen
+        )
+    except subprocess.SubprocessError as err:  # apply_limits failed in the child: fail closed, and say so
+        raise SandboxBroken(f"a program could not start with its limits and filter ({err})") from None
     STARTED.append(proc)
     return proc
 
 
 def apply_limits(limits):
-    """In the candidate, before exec: resource limits (the harness itself is not limited)."""
+    """In the candidate, before exec: resource limits, then the system-call filter (the harness itself is not
+    limited nor filtered)."""
     os.setsid()
     pairs = (
         (resource.RLIMIT_CPU, limits["cpu_s"]),
@@ -298,6 +302,33 @@ def apply_limits(limits):
     )
     for which, value in pairs:
         resource.setrlimit(which, (value, value))
+    # last: the filter survives the exec and cannot be removed; no_new_privs first, which loading it needs
+    # without CAP_SYS_ADMIN (set by isolate() already in namespaces mode, never in rlimits mode)
+    libc, program = SECCOMP[0], SECCOMP[1]
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+class SockFprog(ctypes.Structure):
+    """struct sock_fprog: a BPF program's length in instructions and its address."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+SECCOMP = []  # (libc, SockFprog) of the request's filter, set by main before any program starts
+
+
+def prepare_filter(hex_program):
+    """The request's BPF program (openrlhf_band/sandbox/seccomp.py compiled it) ready for prctl, built before any
+    fork, so that the program processes only make the call; SandboxBroken when there is none (fail closed)."""
+    if not hex_program:
+        raise SandboxBroken("no system-call filter in the request")
+    program = bytes.fromhex(hex_program)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    SECCOMP[:] = [ctypes.CDLL(None, use_errno=True), SockFprog(len(program) // 8, ctypes.addressof(buffer))]
+    SECCOMP.append(buffer)  # kept alive with the struct that points into it
 
 
 # --------------------------------------------------------------------------------------------- isolation
@@ -306,7 +337,7 @@ _libc = None
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_MOVE, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 8192, 16384, 1 << 18, 1 << 21, 1 << 24
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 24, 38, 22, 2
 
 
 def _mount(source, target, fstype, flags, data=None):
@@ -499,6 +530,7 @@ def main():
     try:
         # the programs run as this process's uid: non-dumpable, it cannot be ptraced nor its memory or fds read
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        prepare_filter(request.get("seccomp"))
         if request.get("isolate"):
             writable = isolate(request)
             if writable:  # fail closed: a mount that should be read-only is not
