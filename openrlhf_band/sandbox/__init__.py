@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from openrlhf_band.sandbox import seccomp
+from . import seccomp  # relative: the package also runs copied on its own (tests/sandbox/test_non_root.py)
 
 __all__ = ["Limits", "SandboxUnavailable", "Verdict", "MODES", "mode_from_env", "preflight", "require", "run_tests"]
 
