@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import seccomp  # relative: the package also runs copied on its own (tests/sandbox/test_non_root.py)
+from . import memory, seccomp  # relative: the package also runs copied on its own (tests/sandbox/test_non_root.py)
 
 __all__ = ["Limits", "SandboxUnavailable", "Verdict", "MODES", "mode_from_env", "preflight", "require", "run_tests"]
 
@@ -73,12 +73,18 @@ class Limits:
     file_mb: int = 16  # largest file a program may write
     output_mb: int = 4  # stdout read per stdin/stdout case; more fails the case
     scratch_mb: int = 64  # each tmpfs (namespaces mode)
+    sample_memory_mb: int = 1024  # all the sample's program processes together, where a memory cgroup can be made
 
     @classmethod
     def from_env(cls) -> Limits:
-        """OPENRLHF_BAND_CODE_TIMEOUT (wall_s), OPENRLHF_BAND_CODE_MEMORY_MB, OPENRLHF_BAND_CODE_CPU_S."""
+        """OPENRLHF_BAND_CODE_TIMEOUT (wall_s), OPENRLHF_BAND_CODE_MEMORY_MB, OPENRLHF_BAND_CODE_CPU_S,
+        OPENRLHF_BAND_CODE_SAMPLE_MEMORY_MB."""
         values = {}
-        for name, key, kind in (("TIMEOUT", "wall_s", float), ("MEMORY_MB", "memory_mb", int), ("CPU_S", "cpu_s", int)):
+        variables = (
+            ("TIMEOUT", "wall_s", float), ("MEMORY_MB", "memory_mb", int), ("CPU_S", "cpu_s", int),
+            ("SAMPLE_MEMORY_MB", "sample_memory_mb", int),
+        )  # fmt: skip
+        for name, key, kind in variables:
             raw = os.environ.get(f"OPENRLHF_BAND_CODE_{name}")
             if raw:
                 try:
@@ -246,24 +252,28 @@ def run_tests(
             if os.geteuid() == 0:
                 os.chown(workdir, NOBODY, NOBODY)
             request["workdir"] = workdir
-        payload = json.dumps(request).encode()
-        proc = subprocess.Popen(
-            _command(mode, sample_tag()),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # nothing of the parent's environment
-            cwd="/",
-            start_new_session=True,  # one process group: killed whole on a timeout
-        )
-        try:
-            out, err = proc.communicate(payload, timeout=limits.wall_s + GRACE_S)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.communicate()
-            return Verdict(False, "timeout", time.monotonic() - start)
-        finally:
-            _kill_group(proc)  # rlimits mode: whatever stayed in the group
+        with memory.slot(limits.sample_memory_mb) as group:
+            request["cgroup_fd"] = group.procs_fd if group is not None else None  # each program joins it
+            payload = json.dumps(request).encode()
+            proc = subprocess.Popen(
+                _command(mode, sample_tag()),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # nothing of the parent's environment
+                cwd="/",
+                start_new_session=True,  # one process group: killed whole on a timeout
+                pass_fds=(group.procs_fd,) if group is not None else (),
+            )
+            try:
+                out, err = proc.communicate(payload, timeout=limits.wall_s + GRACE_S)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.communicate()
+                return Verdict(False, "timeout", time.monotonic() - start)
+            finally:
+                _kill_group(proc)  # rlimits mode: whatever stayed in the group
+            oom_kills = group.oom_kills() - group.oom_kills_before if group is not None else 0
         seconds = time.monotonic() - start
         lines = out.decode(errors="replace").strip().splitlines()
         if proc.returncode != 0 or not lines:
@@ -273,7 +283,12 @@ def run_tests(
         if verdict.get("nonce") != request["nonce"]:
             return Verdict(False, "sandbox: the verdict is not the harness's", seconds)
         details = {k: v for k, v in verdict.items() if k not in ("passed", "error", "nonce")}
-        return Verdict(bool(verdict.get("passed")), verdict.get("error"), seconds, details)
+        error = verdict.get("error")
+        if oom_kills:  # the sample's memory bound was hit: that is why it failed, whatever the harness saw
+            details["oom_kills"] = oom_kills
+            if not verdict.get("passed"):
+                error = f"failed: out of memory ({limits.sample_memory_mb} MiB per sample)"
+        return Verdict(bool(verdict.get("passed")), error, seconds, details)
     except SandboxUnavailable as err:
         return Verdict(False, f"sandbox: {err}", time.monotonic() - start)
     except Exception as err:  # never raise: an infrastructure failure scores as a failure, and says so
@@ -351,7 +366,8 @@ def preflight() -> str:
     except ValueError as err:  # an unknown OPENRLHF_BAND_CODE_SANDBOX
         raise SandboxUnavailable(str(err)) from None
     info = describe(mode=mode)
-    return f"{mode}, programs on {info['python']}" + (" as nobody" if info["runs_as_nobody"] else "")
+    user = " as nobody" if info["runs_as_nobody"] else ""
+    return f"{mode}, programs on {info['python']}{user}; {memory.describe(Limits.from_env().sample_memory_mb)}"
 
 
 def describe(limits: Limits | None = None, mode: str | None = None) -> dict:

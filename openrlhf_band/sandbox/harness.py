@@ -289,8 +289,10 @@ def start_program(argv, limits, **popen):
 
 
 def apply_limits(limits):
-    """In the candidate, before exec: resource limits, then the system-call filter (the harness itself is not
-    limited nor filtered)."""
+    """In the candidate, before exec: the sample's memory group, resource limits, then the system-call filter
+    (the harness itself is neither limited, bound nor filtered)."""
+    if limits.get("cgroup_fd") is not None:  # the parent opened the group's cgroup.procs: "0" is this process
+        os.write(limits["cgroup_fd"], b"0")
     os.setsid()
     pairs = (
         (resource.RLIMIT_CPU, limits["cpu_s"]),
@@ -538,6 +540,7 @@ def main():
         workdir = "/tmp/work" if request.get("isolate") else request["workdir"]
         os.makedirs(workdir, exist_ok=True)
         limits["workdir"] = workdir
+        limits["cgroup_fd"] = request.get("cgroup_fd")
         limits["env"] = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
         DEADLINE[0] = started + limits["wall_s"]
         signal.signal(signal.SIGALRM, _on_alarm)

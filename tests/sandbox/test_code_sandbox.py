@@ -66,6 +66,13 @@ def _no_sandbox_process_left(within_s: float = 3.0) -> list[int]:
 
 PROBLEMS = code_data.humaneval_problems()
 
+
+def memory_bound_here() -> str:
+    """How this machine bounds a sample's memory (the preflight's words)."""
+    from openrlhf_band.sandbox import memory
+
+    return memory.describe(1024)
+
 # appended to a canonical solution: the entry point's result becomes a wrong value of the same kind
 _MUTATION = """
 
@@ -649,3 +656,41 @@ def test_the_compiled_filter_denies_every_listed_call():
     results = json.loads(answer)
     expected = {name: "ENOSYS" if name == "clone3" else "EPERM" for name in live}
     assert results == expected
+
+
+# ----------------------------------------------------------------------------- the memory bound per sample
+MEMORY_HOG = """
+import os
+def f():
+    children = []
+    for _ in range(4):  # 4 x 100 MiB touched: each process far under its 1 GiB address space, together over 256
+        pid = os.fork()
+        if pid == 0:
+            block = bytearray(100 << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            os._exit(0)
+        children.append(pid)
+    return int(all(os.waitpid(pid, 0)[1] == 0 for pid in children))
+"""
+
+
+@pytest.mark.skipif("per process only" in memory_bound_here(), reason=memory_bound_here())
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_a_sample_past_its_memory_bound_scores_0_and_its_neighbour_passes(mode):
+    """Two samples at once: the one whose processes together pass the bound loses one to the OOM killer and fails
+    as "out of memory" (not a sandbox error); the other, in its own group, passes. Without the bound the hog passes
+    (each of its processes is under the per-process limit), as the last check shows."""
+    problem = PROBLEMS[0]
+    canonical = problem["prompt"] + problem["canonical_solution"]
+    tests = {"test": problem["test"], "setup": problem["prompt"]}
+    bound = sandbox.Limits(sample_memory_mb=256)
+    with ThreadPoolExecutor(2) as pool:
+        hog = pool.submit(_run, MEMORY_HOG, mode=mode, sample_memory_mb=256)
+        neighbour = pool.submit(sandbox.run_tests, canonical, tests, problem["entry_point"], bound, mode)
+        hog, neighbour = hog.result(), neighbour.result()
+    assert not hog.passed and hog.error == "failed: out of memory (256 MiB per sample)", hog
+    assert hog.details["oom_kills"] >= 1 and not hog.sandbox_error
+    assert neighbour.passed, neighbour
+    assert _no_sandbox_process_left() == []
+    assert _run(MEMORY_HOG, mode=mode, sample_memory_mb=2048).passed  # the same program, under a larger bound

@@ -94,7 +94,9 @@ def test_a_non_root_parent_runs_both_modes(shared_copy):
         assert right_passed and right_error is None, out
         assert not wrong_passed and wrong_error.startswith("failed"), out  # scored, not a sandbox error
     # the system-call filter and the read-only root are checked by the probe behind the preflight
-    assert out["preflight"] == f"namespaces, programs on {sandbox.interpreter()}", out  # no "as nobody": it is
+    # no "as nobody": it is nobody already; and nobody may make no memory cgroup here: said, not hidden
+    assert out["preflight"].startswith(f"namespaces, programs on {sandbox.interpreter()}; "), out
+    assert "memory bound per process only" in out["preflight"], out
 
 
 def test_a_non_root_parent_without_user_namespaces_is_refused_in_one_line(shared_copy):
