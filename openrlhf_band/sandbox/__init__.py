@@ -91,6 +91,8 @@ class Limits:
                     values[key] = kind(raw)
                 except ValueError:
                     raise ValueError(f"OPENRLHF_BAND_CODE_{name}={raw!r}: expected a number") from None
+                if values[key] <= 0:
+                    raise ValueError(f"OPENRLHF_BAND_CODE_{name}={raw!r}: expected a positive number")
         return cls(**values)
 
     def for_harness(self) -> dict:

@@ -541,6 +541,8 @@ def main():
         os.makedirs(workdir, exist_ok=True)
         limits["workdir"] = workdir
         limits["cgroup_fd"] = request.get("cgroup_fd")
+        if limits["cgroup_fd"] is not None:  # written in apply_limits before the exec, closed by it: never a program's
+            os.set_inheritable(limits["cgroup_fd"], False)
         limits["env"] = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
         DEADLINE[0] = started + limits["wall_s"]
         signal.signal(signal.SIGALRM, _on_alarm)

@@ -7,18 +7,20 @@ kernel's OOM killer acts inside it alone, so a sample past its bound loses one o
 neighbour sample is untouched.
 
 Where it comes from, the strongest first:
-- cgroup v1's memory controller, where this process may create groups under its own (root on a host or VM with
+- cgroup v1's memory controller, where this (root) process may create groups under its own (a host or VM with
   the v1 hierarchy mounted, as on the machine this was written on);
-- otherwise none: the per-process limits alone, and `describe()` says why. cgroup v2 delegation (a systemd user
-  slice, a container given its own writable cgroup) is not used yet: it was not available where this was written
-  and tested, so it is not claimed.
+- otherwise none: the per-process limits alone, and `describe()` says why. cgroup v2 (the only hierarchy of
+  current Ubuntu, Debian and RHEL hosts) is not used yet: it was not available where this was written and tested,
+  so it is not claimed.
 
 One group per concurrently running sample ("slot"), created under this process's own memory cgroup (so it nests
 inside whatever bound the operator set) and reused across samples; removed at exit. Only the program processes
 join it: the parent opens the slot's `cgroup.procs` and hands the descriptor down; the harness's program
-process writes "0" to it before its exec (the kernel checks the opener's credentials, so this works from
-nobody inside a user namespace). The harness stays outside: the OOM killer can never take it, and it always
-writes the verdict. The parent compares the slot's `oom_kill` count before and after the sample.
+process writes "0" (itself) to it before its exec (kernels from 5.16 check the opener's credentials, older ones
+the writer's, who is the process it moves: either way it works from nobody inside a user namespace). Only for a
+root parent: a group made by another user belongs to that user, whom the programs run as, and could be lifted.
+The harness stays outside: the OOM killer can never take it, and it always writes the verdict. The parent
+compares the slot's `oom_kill` count before and after the sample.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathlib import Path
 __all__ = ["Slot", "describe", "slot"]
 
 SLOT_PREFIX = "openrlhf-band-sample-"
+RETIRE_ABOVE_BYTES = 8 << 20  # a slot still charged with more than this after its sample is not reused
 
 
 @dataclass
@@ -89,28 +92,35 @@ def _own_v1_memory_dir() -> tuple[Path | None, str]:
 
 
 class _Slots:
-    """This process's slots: made on demand, reused, removed at exit (re-made after a fork)."""
+    """This process's slots: made on demand, reused while clean, removed at exit (re-made after a fork)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.base, self.why_not = _own_v1_memory_dir()
         self.free: list[Path] = []
         self.made: list[Path] = []
         self.count = 0
         self.lock = threading.Lock()
-        if self.base is not None:
-            self._remove_stale()
-            try:  # the controller must let us make a group here, not only look writable
-                probe = self._make()
+        self.base, self.why_not = None, ""
+        if os.geteuid() != 0:  # the groups would belong to the programs' own user, who could lift the bound
+            self.why_not = f"memory cgroups only for a root parent; uid {os.geteuid()} would own them"
+            return
+        try:
+            self.base, self.why_not = _own_v1_memory_dir()
+            if self.base is not None:
+                self._remove_stale()
+                probe = self._make()  # the controller must take a group, its limit and a join, not only look writable
+                _set_limit(probe, 64 << 20)
+                os.close(os.open(probe / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
                 self.free.append(probe)
-            except OSError as err:
-                self.base, self.why_not = None, f"cannot make a memory cgroup under it ({err.strerror})"
+        except OSError as err:
+            self.base, self.why_not = None, f"cannot make a memory cgroup here ({err.strerror or err})"
 
     def _remove_stale(self) -> None:
-        """Slots of processes that died without removing them (killed): their groups are empty, remove them."""
+        """Slots of processes that died without removing them (killed): emptied and removed."""
         for path in self.base.glob(f"{SLOT_PREFIX}*"):
             owner = path.name[len(SLOT_PREFIX) :].split("-")[0]
             if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                _empty(path)
                 with contextlib.suppress(OSError):
                     path.rmdir()
 
@@ -119,16 +129,24 @@ class _Slots:
         path = self.base / f"{SLOT_PREFIX}{self.pid}-{self.count}"
         path.mkdir()
         self.made.append(path)
+        with contextlib.suppress(OSError):  # without swap accounting, swap would stretch the bound: none at all
+            (path / "memory.swappiness").write_text("0")
         return path
 
     def acquire(self) -> Path:
         with self.lock:
             return self.free.pop() if self.free else self._make()
 
-    def release(self, path: Path) -> None:
+    def release(self, path: Path, clean: bool) -> None:
+        """Back to the free list when it emptied and holds (almost) nothing; else retired: a slot still charged
+        with a sample's pages (left in a shared /dev/shm, say) would shrink the next sample's bound."""
+        if clean and _empty(path) and _usage(path) < RETIRE_ABOVE_BYTES:
+            with self.lock:
+                self.free.append(path)
+            return
         _empty(path)
-        with self.lock:
-            self.free.append(path)
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
     def remove_all(self) -> None:
         if os.getpid() != self.pid:
@@ -139,24 +157,44 @@ class _Slots:
                 path.rmdir()
 
 
-def _empty(path: Path, within_s: float = 2.0) -> None:
-    """Kill whatever is left in a group (the harness and the pid namespace normally leave nothing) and wait."""
+def _empty(path: Path, within_s: float = 2.0) -> bool:
+    """Kill whatever is left in a group (the harness and the pid namespace normally leave nothing) and wait;
+    whether it is empty."""
     give_up = time.monotonic() + within_s
-    while time.monotonic() < give_up:
+    while True:
         try:
             pids = [int(pid) for pid in (path / "cgroup.procs").read_text().split()]
         except OSError:
-            return
+            return False
         if not pids:
-            return
+            return True
+        if time.monotonic() > give_up:
+            return False
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
 
 
+def _usage(path: Path) -> int:
+    try:
+        return int((path / "memory.usage_in_bytes").read_text())
+    except (OSError, ValueError):
+        return 1 << 62
+
+
 _SLOTS: _Slots | None = None
 _SLOTS_LOCK = threading.Lock()
+
+
+def _reset_after_fork() -> None:  # a fork while another thread held a lock would leave it held in the child
+    global _SLOTS_LOCK
+    _SLOTS_LOCK = threading.Lock()
+    if _SLOTS is not None:
+        _SLOTS.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _slots() -> _Slots:
@@ -176,36 +214,40 @@ def describe(limit_mb: int) -> str:
     return f"memory {limit_mb} MiB per sample (cgroup v1)"
 
 
-def _write(path: Path, value: int) -> None:
-    path.write_text(str(value))
+def _set_limit(path: Path, limit: int) -> None:
+    """memory.limit_in_bytes, and memory + swap to the same where swap is accounted (memsw may never be below
+    memory: lower memory first, raise memsw first)."""
+    memory, swap = path / "memory.limit_in_bytes", path / "memory.memsw.limit_in_bytes"
+    if swap.exists() and limit > int(memory.read_text()):
+        swap.write_text(str(limit))
+        memory.write_text(str(limit))
+    else:
+        memory.write_text(str(limit))
+        if swap.exists():
+            swap.write_text(str(limit))
 
 
 @contextlib.contextmanager
 def slot(limit_mb: int) -> Iterator[Slot | None]:
     """A memory group bound to `limit_mb` MiB for one sample (None where no group can be made), emptied and
-    returned to the free list afterwards."""
+    reused afterwards. OSError (the group vanished, the controller refused the limit) when it cannot be set up:
+    the sample then fails as a sandbox error, and the slot is not reused."""
+    if limit_mb <= 0:
+        raise ValueError(f"a sample's memory bound must be positive, not {limit_mb} MiB")
     slots = _slots()
     if slots.base is None:
         yield None
         return
     path = slots.acquire()
-    fd = -1
+    fd, clean = -1, False
     try:
-        limit = limit_mb << 20
-        swap_limit = path / "memory.memsw.limit_in_bytes"  # present with swap accounting: memory + swap <= limit
-        # lower memory first or raise memsw first: memsw may never be below memory
-        if swap_limit.exists() and limit > int((path / "memory.limit_in_bytes").read_text()):
-            _write(swap_limit, limit)
-            _write(path / "memory.limit_in_bytes", limit)
-        else:
-            _write(path / "memory.limit_in_bytes", limit)
-            if swap_limit.exists():
-                _write(swap_limit, limit)
+        _set_limit(path, limit_mb << 20)
         fd = os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
         group = Slot(path, fd, limit_mb)
         group.oom_kills_before = group.oom_kills()
+        clean = True
         yield group
     finally:
         if fd != -1:
             os.close(fd)
-        slots.release(path)
+        slots.release(path, clean)

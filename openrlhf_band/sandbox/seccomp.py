@@ -40,7 +40,8 @@ DENIED: dict[str, tuple[str, ...]] = {
     "kernel and system": (
         "kexec_load", "kexec_file_load", "reboot", "init_module", "finit_module", "delete_module", "personality",
     ),
-    # already capability-gated; denied as Docker's default profile denies them
+    # what Docker's default profile also denies: mostly capability-gated already; the NUMA placement calls and
+    # modify_ldt are not, and a program that only computes an answer needs none of them
     "privileged leftovers": (
         "modify_ldt", "uselib", "acct", "swapon", "swapoff", "syslog", "quotactl", "quotactl_fd",
         "lookup_dcookie", "open_by_handle_at", "name_to_handle_at", "fanotify_init", "move_pages",
@@ -54,6 +55,7 @@ _KILL_PROCESS = 0x80000000
 _ERRNO = 0x00050000
 _MASKED_EQ = 7  # SCMP_CMP_MASKED_EQ
 _ATTR_ACT_BADARCH = 2  # SCMP_FLTATR_ACT_BADARCH
+_UNKNOWN = -1  # __NR_SCMP_ERROR: a name libseccomp does not know (calls of other architectures are <= -10000)
 
 
 class SeccompUnavailable(RuntimeError):
@@ -70,6 +72,14 @@ class _ArgCmp(ctypes.Structure):
 
 _COMPILED: bytes | None = None
 _LOCK = threading.Lock()
+
+
+def _reset_lock_after_fork() -> None:  # a fork while another thread compiled would leave the lock held
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_after_fork)
 
 
 def _library() -> ctypes.CDLL:
@@ -100,7 +110,9 @@ def _build(lib: ctypes.CDLL) -> bytes:
 
         def add(action: int, name: str, *conditions: _ArgCmp) -> None:
             number = lib.seccomp_syscall_resolve_name(name.encode())
-            if number < 0:  # not a call of this architecture (iopl on aarch64, ...): nothing to deny
+            if number == _UNKNOWN:  # a libseccomp older than the call: the filter would miss it, so none at all
+                raise SeccompUnavailable(f"libseccomp does not know the system call {name}: install libseccomp >= 2.5")
+            if number < 0:  # a pseudo number: not a call of this architecture (iopl on aarch64, ...)
                 return
             array = (_ArgCmp * len(conditions))(*conditions) if conditions else None
             rc = lib.seccomp_rule_add_array(ctx, action, number, len(conditions), array)
