@@ -230,7 +230,7 @@ def _run_cli(tmp_path: Path, *argv: str, **env: str) -> tuple[subprocess.Complet
     )
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "openrlhf_band.tasks.math.data", "--out", str(tmp_path / "out"), *argv],
+        [sys.executable, "-m", "openrlhf_band.tools.cli", "prepare-data", "--out", str(tmp_path / "out"), *argv],
         cwd=REPO,
         env=environ,
         capture_output=True,
