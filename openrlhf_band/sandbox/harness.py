@@ -304,13 +304,7 @@ def apply_limits(limits):
     )
     for which, value in pairs:
         resource.setrlimit(which, (value, value))
-    # last: the filter survives the exec and cannot be removed; no_new_privs first, which loading it needs
-    # without CAP_SYS_ADMIN (set by isolate() already in namespaces mode, never in rlimits mode)
-    libc, program = SECCOMP[0], SECCOMP[1]
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    load_filter()  # last: the filter survives the exec and cannot be removed
 
 
 class SockFprog(ctypes.Structure):
@@ -319,7 +313,9 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-SECCOMP = []  # (libc, SockFprog) of the request's filter, set by main before any program starts
+# the request's filter ready for prctl, set by prepare_filter before any program starts: libc, the SockFprog and
+# the buffer it points into (kept alive with it)
+SECCOMP = {}
 
 
 def prepare_filter(hex_program):
@@ -329,8 +325,18 @@ def prepare_filter(hex_program):
         raise SandboxBroken("no system-call filter in the request")
     program = bytes.fromhex(hex_program)
     buffer = ctypes.create_string_buffer(program, len(program))
-    SECCOMP[:] = [ctypes.CDLL(None, use_errno=True), SockFprog(len(program) // 8, ctypes.addressof(buffer))]
-    SECCOMP.append(buffer)  # kept alive with the struct that points into it
+    fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    SECCOMP.update(libc=ctypes.CDLL(None, use_errno=True), buffer=buffer, program=fprog)
+
+
+def load_filter():
+    """In this process, for good: no_new_privs, which loading the filter needs without CAP_SYS_ADMIN (isolate()
+    sets it already in namespaces mode, never in rlimits mode), then the prepared filter."""
+    libc = SECCOMP["libc"]
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(SECCOMP["program"]), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 # --------------------------------------------------------------------------------------------- isolation

@@ -614,16 +614,16 @@ def _has_cap_sys_admin() -> bool:
 
 @pytest.mark.skipif(not _has_cap_sys_admin(), reason="without CAP_SYS_ADMIN the gated calls fail with EPERM anyway")
 def test_the_compiled_filter_denies_every_listed_call():
-    """The filter itself, loaded as the harness loads it, in a forked child of this process (root with every
-    capability): each listed call, made with null arguments, gets EPERM (clone3 ENOSYS). With the capabilities, a
-    call the filter let through would fail with EFAULT / EINVAL / EBADF or succeed harmlessly, not with EPERM."""
+    """The filter itself, loaded by the harness's own prepare_filter / load_filter, in a forked child of this
+    process (root with every capability): each listed call, made with null arguments, gets EPERM (clone3 ENOSYS).
+    With the capabilities, a call the filter let through would fail with EFAULT / EINVAL / EBADF or succeed
+    harmlessly, not with EPERM."""
     import ctypes
     import errno
 
-    from openrlhf_band.sandbox import seccomp
+    from openrlhf_band.sandbox import harness, seccomp
 
-    lib = ctypes.CDLL("libseccomp.so.2")
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib = seccomp._library()
     names = [n for family in seccomp.DENIED.values() for n in family]
     numbers = {n: lib.seccomp_syscall_resolve_name(n.encode()) for n in names}
     if os.uname().machine == "x86_64":
@@ -638,13 +638,8 @@ def test_the_compiled_filter_denies_every_listed_call():
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             libc = ctypes.CDLL(None, use_errno=True)
             libc.syscall.restype = ctypes.c_long
-            buffer = ctypes.create_string_buffer(program, len(program))
-
-            class SockFprog(ctypes.Structure):
-                _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-            fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
-            assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0
+            harness.prepare_filter(program.hex())
+            harness.load_filter()
             results = {}
             for name, number in live.items():
                 ctypes.set_errno(0)

@@ -12,13 +12,14 @@ tests/tasks/test_unchanged.py holds the current code to it.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from reward_files import load_reward_file  # tests/support, beside this file
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout this file is in
 PY = sys.executable
@@ -128,15 +129,8 @@ def chat(prompt) -> str:
     return turns + "<|im_start|>assistant\n"
 
 
-def load_reward(path: str):
-    spec = importlib.util.spec_from_file_location("captured_reward", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def score(path: str, batch: list[tuple[str, str, str]]) -> dict:
-    module = load_reward(path)
+    module = load_reward_file(Path(path), "captured_reward")  # as OpenRLHF loads it
     prompts = [chat(p) for p, _, _ in batch]
     out = module.reward_func([p + r for p, (_, r, _) in zip(prompts, batch)], prompts, [lab for _, _, lab in batch])
     return {

@@ -333,24 +333,16 @@ def build(resolved: list[Resolved], overrides: dict[str, str], levels: Iterable[
 
 
 # ---------------------------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------------------------
-def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
-    pairs = {}
-    for value in values or []:
-        name, sep, target = value.partition("=")
-        name, target = name.strip(), target.strip()
-        if not sep or not name or not target:
-            raise SourceError(f"{flag} {value!r}: expected NAME=VALUE")
-        if name not in SOURCES:
-            raise SourceError(f"{flag} {value!r}: unknown source {name!r}; valid names: {', '.join(SOURCES)}")
-        pairs[name] = target
-    return pairs
-
-
-# ---------------------------------------------------------------------------------------------
 # prepare-data (openrlhf_band/tasks/prepare.py)
 # ---------------------------------------------------------------------------------------------
+def _check_names(values: list[str] | None, flag: str) -> None:
+    """Every NAME of the NAME=VALUE flag values (prepare-data has parsed them) is one of the math sources."""
+    for value in values or []:
+        name = value.partition("=")[0].strip()
+        if name not in SOURCES:
+            raise SourceError(f"{flag} {value!r}: unknown source {name!r}; valid names: {', '.join(SOURCES)}")
+
+
 FLAGS: tuple[str, ...] = ()  # the prepare-data options only this task reads (--math-levels has a default)
 
 
@@ -365,5 +357,6 @@ def prepare(
     args: argparse.Namespace, local: list[str], overrides: dict[str, str], hub_ids: dict[str, str]
 ) -> tuple[list[dict], list[dict], dict]:
     """`openrlhf-band prepare-data` for math: (train rows, eval rows, manifest); `local` the NAME=PATH values."""
-    resolved = resolve_sources(_pairs(local, "--source"), _pairs(args.hub_id, "--hub-id"))
-    return build(resolved, overrides, args.math_levels)
+    _check_names(local, "--source")
+    _check_names(args.hub_id, "--hub-id")
+    return build(resolve_sources(overrides, hub_ids), overrides, args.math_levels)
