@@ -9,7 +9,11 @@ run by three providers, each sample in a fresh process tree, `--threads` samples
 - `rlimits`: openrlhf_band.sandbox in its weaker mode (the harness, a separate candidate process
   with resource limits, nobody when run as root);
 - `namespaces`: the default sandbox (user, pid, network, mount, IPC and UTS namespaces, read-only mounts,
-  private tmpfs, no capabilities, resource limits).
+  private tmpfs, no capabilities, resource limits, the system-call filter), each sample forked by a warm
+  zygote (openrlhf_band/sandbox/zygote.py);
+- `bubblewrap`, where a `bwrap` is found (on PATH, or OPENRLHF_BAND_BWRAP): the same harness, root layout and
+  filter, the root built by bubblewrap for each sample (`bwrap ... --seccomp FD -- python -I -S -c HARNESS`),
+  as the weighing of the two asks (docs/tasks.md, "Why our own").
 
 Rounds alternate the providers so that drift on a shared machine hits each alike; the report gives each
 provider's median rate over the rounds and its ratio to `unsandboxed` (per round, then the median).
@@ -20,10 +24,12 @@ provider's median rate over the rounds and its ratio to `unsandboxed` (per round
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import shutil
 import statistics
 import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,11 +41,13 @@ WALL_S = 10.0
 
 
 def _unsandboxed(problem: dict) -> bool:
+    from openrlhf_band import sandbox
+
     program = problem["prompt"] + problem["canonical_solution"]
     source = f"{program}\n{problem['test']}\ncheck({problem['entry_point']})\n"
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", source],
+            [sandbox.interpreter(), "-I", "-S", "-c", source],  # the sandbox's interpreter: only the isolation differs
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={"PATH": "/usr/bin:/bin"}, timeout=WALL_S,
         )  # fmt: skip
@@ -61,6 +69,94 @@ def _sandboxed(mode: str) -> Callable[[dict], bool]:
     return run
 
 
+BWRAP_ENV = "OPENRLHF_BAND_BWRAP"
+
+
+def bubblewrap() -> str | None:
+    """The bwrap binary to weigh against ours: OPENRLHF_BAND_BWRAP, else `bwrap` on PATH; None when neither."""
+    return os.environ.get(BWRAP_ENV) or shutil.which("bwrap")
+
+
+def bubblewrap_arguments(setup: dict, prefixes: list[str]) -> list[str]:
+    """bwrap's options for the root the harness's isolate() builds (openrlhf_band/sandbox/harness.py): the same
+    read-only system directories, interpreter prefix and /etc files, package directories hidden, the same device
+    nodes, two sized tmpfs, its own read-only root and /proc; every namespace, no nested user namespace."""
+    from openrlhf_band.sandbox import harness
+
+    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]  # fmt: skip
+    bound = []
+    for path in harness.SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+            bound.append(path)
+    for prefix in prefixes:
+        if not any(prefix == d or prefix.startswith(d + "/") for d in harness.SYSTEM_DIRS):
+            args += ["--ro-bind", prefix, prefix]
+            bound.append(prefix)
+    for path in harness.ETC_FILES:
+        args += ["--ro-bind-try", path, path]
+    sites = sorted({site for d in bound for pattern in harness.SITE_DIRS for site in glob.glob(os.path.join(d, pattern))
+                    if os.path.isdir(site) and not os.path.islink(site)})  # fmt: skip
+    for site in sites:
+        args += ["--tmpfs", site, "--remount-ro", site]
+    for node in harness.DEV_NODES:
+        args += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]
+    scratch = str(setup["limits"]["scratch_bytes"])
+    args += ["--size", scratch, "--tmpfs", "/tmp", "--size", scratch, "--tmpfs", "/dev/shm",
+             "--symlink", "../tmp", "/var/tmp", "--proc", "/proc", "--remount-ro", "/", "--chdir", "/tmp"]  # fmt: skip
+    return args
+
+
+def bubblewrap_runner(bwrap: str) -> Callable:
+    """A sandbox runner (openrlhf_band.sandbox.RUNNERS) that starts the same harness per sample under `bwrap`, its
+    root built by bwrap (the harness does not isolate), the system-call filter given with `--seccomp`."""
+    from openrlhf_band import sandbox
+
+    folder = tempfile.mkdtemp(prefix="openrlhf-band-bwrap-")
+    os.chmod(folder, 0o755)  # read by nobody's shell, which opens it for bwrap
+    filter_path = os.path.join(folder, "filter.bpf")
+    with open(filter_path, "wb") as f:
+        f.write(bytes.fromhex(sandbox._filter_hex()))
+    os.chmod(filter_path, 0o644)
+
+    def run(setup: dict, request: dict, limits: sandbox.Limits, group, start: float) -> sandbox.Verdict:
+        setup["workdir"] = "/tmp/work"  # inside bwrap's /tmp
+        prefixes = sandbox.interpreter_prefixes(sandbox.interpreter())
+        harness = [sandbox.interpreter(), "-I", "-S", "-c", sandbox.HARNESS_SOURCE, sandbox.sample_tag()]
+        command = [*sandbox._drop_root(), "/bin/sh", "-c", 'exec "$@" 9<"$0"', filter_path,
+                   bwrap, *bubblewrap_arguments(setup, prefixes), "--seccomp", "9", "--", *harness]  # fmt: skip
+        return sandbox._run_as_process(setup, request, limits, group, start, command)
+
+    return run
+
+
+def _bubblewrap_version(bwrap: str) -> str:
+    done = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
+    return f"{bwrap}: {done.stdout.strip() or done.stderr.strip()}"
+
+
+def _machine() -> dict:
+    """The CPU model, the kernel and the distribution: a sandbox's cost is the kernel's and the CPU's."""
+    import platform
+
+    model = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo") if line.startswith(
+        "model name")), platform.machine())  # fmt: skip
+    distribution = next((line.split("=", 1)[1].strip().strip('"') for line in _read_lines("/etc/os-release")
+                         if line.startswith("PRETTY_NAME=")), "")  # fmt: skip
+    return {"cpu": model, "kernel": platform.release(), "os": distribution}
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
 def rate(provider: Callable[[dict], bool], problems: list[dict], threads: int) -> tuple[float, int]:
     """(samples per second, samples passed)."""
     start = time.perf_counter()
@@ -69,15 +165,23 @@ def rate(provider: Callable[[dict], bool], problems: list[dict], threads: int) -
     return len(problems) / (time.perf_counter() - start), passed
 
 
-def run(threads: int, rounds: int, providers: tuple[str, ...] = PROVIDERS) -> dict:
+def run(threads: int, rounds: int, providers: tuple[str, ...] | None = None) -> dict:
     from openrlhf_band import sandbox
     from openrlhf_band.tasks.code.data import humaneval_problems
 
+    bwrap = bubblewrap()
+    if providers is None:
+        providers = PROVIDERS + (("bubblewrap",) if bwrap else ())
     problems = humaneval_problems()
     runners = {}
     for name in providers:
         if name == "unsandboxed":
             runners[name] = _unsandboxed
+        elif name == "bubblewrap":
+            if not bwrap:
+                raise SystemExit(f"no bwrap: install bubblewrap or set {BWRAP_ENV}")
+            sandbox.RUNNERS["bubblewrap"] = bubblewrap_runner(bwrap)
+            runners[name] = _sandboxed(name)
         else:
             sandbox.require(name)
             runners[name] = _sandboxed(name)
@@ -105,6 +209,9 @@ def run(threads: int, rounds: int, providers: tuple[str, ...] = PROVIDERS) -> di
         "rounds": rounds,
         "cpus": os.cpu_count(),
         "runs_as_root": os.geteuid() == 0,
+        "python": sandbox.interpreter(),
+        "machine": _machine(),
+        "bubblewrap": _bubblewrap_version(bwrap) if bwrap else f"not found (install bubblewrap or set {BWRAP_ENV})",
         "rows": rows,
     }
 

@@ -47,7 +47,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import memory, seccomp  # relative: the package also runs copied on its own (tests/sandbox/test_non_root.py)
+# relative: the package also runs copied on its own (tests/sandbox/test_non_root.py)
+from . import memory, seccomp, zygote
 
 __all__ = ["Limits", "SandboxUnavailable", "Verdict", "MODES", "mode_from_env", "preflight", "require", "run_tests"]
 
@@ -196,21 +197,30 @@ def sample_tag() -> str:
 TAG_PREFIX = "openrlhf-band-sandbox-"
 
 
-def _command(mode: str, tag: str = "") -> list[str]:
-    harness = [interpreter(), "-I", "-S", "-c", HARNESS_SOURCE, tag]
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    if (mode == "namespaces" and unshare is None) or (os.geteuid() == 0 and setpriv is None):
+def _rlimits_command(tag: str) -> list[str]:
+    """rlimits mode: the harness's interpreter for one sample, as nobody when the parent is root."""
+    return [*_drop_root(), interpreter(), "-I", "-S", "-c", HARNESS_SOURCE, tag]
+
+
+def _drop_root() -> list[str]:
+    """`setpriv` to nobody when this process is root (never root: in namespaces mode the namespaces' root is nobody
+    on the host), else nothing."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
         raise SandboxUnavailable(
-            "the code sandbox needs util-linux's `unshare` and `setpriv` (apt install util-linux); "
-            f"or accept the weaker mode with {MODE_ENV}=rlimits (docs/tasks.md)"
+            "the code sandbox needs util-linux's `setpriv` to drop root (apt install util-linux); "
+            "or run as a user other than root (docs/tasks.md)"
         )
-    prefix = []
-    if os.geteuid() == 0:  # never root: in namespaces mode the namespace's root is nobody on the host
-        prefix = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-    if mode == "rlimits":
-        return [*prefix, *harness]
-    namespaces = ["--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount", "--ipc", "--uts"]
-    return [*prefix, unshare, *namespaces, "--mount-proc", "--", *harness]
+    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+
+
+def _zygote_command() -> list[str]:
+    """namespaces mode: the warm zygote (openrlhf_band/sandbox/zygote.py), the harness's interpreter started once per
+    worker slot, as nobody when the parent is root; it makes each sample's namespaces itself."""
+    tag = f"{TAG_PREFIX}{os.getpid()}-zygote"
+    return [*_drop_root(), interpreter(), "-I", "-S", "-c", HARNESS_SOURCE, "--zygote", tag]
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -239,16 +249,18 @@ def run_tests(
     try:
         mode = mode or mode_from_env()
         kind = "call" if ("test" in tests or tests.get("fn_name")) else "io"
-        request = {
-            "program": program,
-            "tests": tests,
-            "entry_point": entry_point or tests.get("fn_name") or tests.get("entry_point"),
+        setup = {  # read first: the harness sets up the isolation and forks the candidate before it reads `request`
             "kind": kind,
             "limits": limits.for_harness(),
             "isolate": mode == "namespaces",
             "prefixes": interpreter_prefixes(interpreter()) if mode == "namespaces" else [],
+            "seccomp": _filter_hex(),  # every program process loads it
+        }
+        request = {
+            "program": program,
+            "tests": tests,
+            "entry_point": entry_point or tests.get("fn_name") or tests.get("entry_point"),
             "nonce": secrets.token_hex(16),  # the verdict must echo it: the program never sees it
-            "seccomp": _filter_hex(),  # every program process loads it before its exec
         }
         if kind == "call" and not request["entry_point"]:
             return Verdict(False, "failed: no entry point", time.monotonic() - start)
@@ -256,45 +268,10 @@ def run_tests(
             workdir = tempfile.mkdtemp(prefix="openrlhf-band-code-")
             if os.geteuid() == 0:
                 os.chown(workdir, NOBODY, NOBODY)
-            request["workdir"] = workdir
+            setup["workdir"] = workdir
         bound = memory.slot(limits.sample_memory_mb) if limits.sample_memory_mb else contextlib.nullcontext()
         with bound as group:
-            request["cgroup_fd"] = group.procs_fd if group is not None else None  # each program joins it
-            payload = json.dumps(request).encode()
-            proc = subprocess.Popen(
-                _command(mode, sample_tag()),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # nothing of the parent's environment
-                cwd="/",
-                start_new_session=True,  # one process group: killed whole on a timeout
-                pass_fds=(group.procs_fd,) if group is not None else (),
-            )
-            try:
-                out, err = proc.communicate(payload, timeout=limits.wall_s + GRACE_S)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                proc.communicate()
-                return Verdict(False, "timeout", time.monotonic() - start)
-            finally:
-                _kill_group(proc)  # rlimits mode: whatever stayed in the group
-            oom_kills = group.oom_kills() - group.oom_kills_before if group is not None else 0
-        seconds = time.monotonic() - start
-        lines = out.decode(errors="replace").strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            reason = err.decode(errors="replace").strip().splitlines()
-            return Verdict(False, f"sandbox: exit {proc.returncode}: {reason[-1] if reason else 'no verdict'}", seconds)
-        verdict = json.loads(lines[0]) if len(lines) == 1 else {}
-        if verdict.get("nonce") != request["nonce"]:
-            return Verdict(False, "sandbox: the verdict is not the harness's", seconds)
-        details = {k: v for k, v in verdict.items() if k not in ("passed", "error", "nonce")}
-        error = verdict.get("error")
-        if oom_kills:  # the sample's memory bound was hit: that is why it failed, whatever the harness saw
-            details["oom_kills"] = oom_kills
-            if not verdict.get("passed"):
-                error = f"failed: out of memory ({limits.sample_memory_mb} MiB per sample)"
-        return Verdict(bool(verdict.get("passed")), error, seconds, details)
+            return RUNNERS[mode](setup, request, limits, group, start)
     except SandboxUnavailable as err:
         return Verdict(False, f"sandbox: {err}", time.monotonic() - start)
     except Exception as err:  # never raise: an infrastructure failure scores as a failure, and says so
@@ -302,6 +279,86 @@ def run_tests(
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _payload(setup: dict, request: dict) -> bytes:
+    """The harness's stdin: each part as 8 bytes of length (little-endian) and JSON (harness.read_request_part)."""
+    parts = [json.dumps(part).encode() for part in (setup, request)]
+    return b"".join(len(part).to_bytes(8, "little") + part for part in parts)
+
+
+def _run_as_process(
+    setup: dict, request: dict, limits: Limits, group: memory.Slot | None, start: float, command: list[str] | None = None
+) -> Verdict:
+    """rlimits mode: the harness's own interpreter for this sample (no namespaces to make, no zygote). `command`:
+    another launcher of the same harness (the benchmark's bubblewrap), else `_rlimits_command`'s."""
+    setup["cgroup_fd"] = group.procs_fd if group is not None else None  # each program joins it
+    proc = subprocess.Popen(
+        command or _rlimits_command(sample_tag()),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},  # nothing of the parent's environment
+        cwd="/",
+        start_new_session=True,  # one process group: killed whole on a timeout
+        pass_fds=(group.procs_fd,) if group is not None else (),
+    )
+    try:
+        out, err = proc.communicate(_payload(setup, request), timeout=limits.wall_s + GRACE_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
+        return Verdict(False, "timeout", time.monotonic() - start)
+    finally:
+        _kill_group(proc)  # whatever stayed in the group
+    oom_kills = group.oom_kills() - group.oom_kills_before if group is not None else 0
+    return _verdict(request, limits, proc.returncode, out, err, oom_kills, time.monotonic() - start)
+
+
+def _run_in_zygote(setup: dict, request: dict, limits: Limits, group: memory.Slot | None, start: float) -> Verdict:
+    """Namespaces mode: the sample's pid 1 forked by a warm zygote (fresh namespaces, the harness's main())."""
+    extra_fds = (group.procs_fd,) if group is not None else ()
+    setup["cgroup_fd"] = 3 if group is not None else None  # pid 1's fd 3 (fds 0-2: request, verdict, errors)
+    payload = _payload(setup, request)
+    for attempt in (1, 2):  # once more only when the zygote had died before the sample reached it
+        try:
+            with zygote.POOL.take(_zygote_command()) as warm:
+                outcome = warm.run(sample_tag(), payload, extra_fds, start + limits.wall_s + GRACE_S)
+            break
+        except zygote.ZygoteGone as err:
+            if attempt == 2:
+                return Verdict(False, f"sandbox: {err}", time.monotonic() - start)
+        except zygote.ZygoteError as err:
+            return Verdict(False, f"sandbox: {err}", time.monotonic() - start)
+    if outcome.returncode is None:
+        return Verdict(False, "timeout", time.monotonic() - start)
+    oom_kills = group.oom_kills() - group.oom_kills_before if group is not None else 0
+    return _verdict(request, limits, outcome.returncode, outcome.out, outcome.err, oom_kills, time.monotonic() - start)
+
+
+# how each mode runs one sample: (setup, request, limits, memory group or None, start) -> Verdict. A comparison may
+# add its own (openrlhf_band/bench/sandbox_bench.py adds bubblewrap's); the modes a user may choose are MODES.
+RUNNERS = {"namespaces": _run_in_zygote, "rlimits": _run_as_process}
+
+
+def _verdict(
+    request: dict, limits: Limits, returncode: int, out: bytes, err: bytes, oom_kills: int, seconds: float
+) -> Verdict:
+    """The harness's verdict line, believed only with the sample's nonce; an exit without one says why."""
+    lines = out.decode(errors="replace").strip().splitlines()
+    if returncode != 0 or not lines:
+        reason = err.decode(errors="replace").strip().splitlines()
+        return Verdict(False, f"sandbox: exit {returncode}: {reason[-1] if reason else 'no verdict'}", seconds)
+    verdict = json.loads(lines[0]) if len(lines) == 1 else {}
+    if verdict.get("nonce") != request["nonce"]:
+        return Verdict(False, "sandbox: the verdict is not the harness's", seconds)
+    details = {k: v for k, v in verdict.items() if k not in ("passed", "error", "nonce")}
+    error = verdict.get("error")
+    if oom_kills:  # the sample's memory bound was hit: that is why it failed, whatever the harness saw
+        details["oom_kills"] = oom_kills
+        if not verdict.get("passed"):
+            error = f"failed: out of memory ({limits.sample_memory_mb} MiB per sample)"
+    return Verdict(bool(verdict.get("passed")), error, seconds, details)
 
 
 def _filter_hex() -> str:
@@ -338,7 +395,7 @@ _PROBED: dict[str, str | None] = {}
 _PROBE_LOCK = threading.Lock()
 
 _FIXES = (
-    "the code reward runs model-written programs in Linux user namespaces (util-linux unshare). Fixes: "
+    "the code reward runs model-written programs in Linux user namespaces (unshare(2)). Fixes: "
     "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 on Debian/Ubuntu kernels, "
     "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04, user.max_user_namespaces > 0); in Docker, "
     "run with --security-opt seccomp=unconfined (the default profile blocks unshare) and --security-opt "

@@ -38,22 +38,20 @@ import os
 import re
 import resource
 import signal
+import struct
 import subprocess
 import sys
 import time
 
 # --------------------------------------------------------------------------------------------- codec
-# Values cross the candidate pipe as tagged JSON: only these types exist on the checking side. The codec is
-# source text because the candidate runs without our package (`-I -S`) and this file itself may run as `-c`.
-CODEC_SOURCE = r"""
-import json, os, struct
-
+# Values cross the candidate pipe as tagged JSON: only these types exist on the checking side.
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_DEPTH = 64
 
 
 class CodecError(Exception):
     pass
+
 
 def encode(value, depth=0):
     # a subclass (Counter, OrderedDict, defaultdict, a namedtuple, an IntEnum, a str subclass) goes as its plain
@@ -138,57 +136,18 @@ def _read_exact(fd, size):
     while left:
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
-            raise EOFError("the candidate closed its pipe")
+            raise EOFError("the other end closed its pipe")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
 
 
-"""
-_codec: dict = {}
-exec(CODEC_SOURCE, _codec)
-CodecError, encode, decode, send, receive = (_codec[n] for n in ("CodecError", "encode", "decode", "send", "receive"))
+def read_request_part(fd=0):
+    """One part of the parent's request on stdin: 8 bytes of length, then JSON. Read exactly (no read-ahead):
+    the part after the first is still in the pipe when the candidate is forked, never in its memory."""
+    (size,) = struct.unpack("<Q", _read_exact(fd, 8))
+    return json.loads(_read_exact(fd, size))
 
-# --------------------------------------------------------------------------------------------- candidate
-# The child interpreter that runs the model's program: `python -I -S -c CANDIDATE_SOURCE REQ_FD RESP_FD`.
-# It imports nothing of ours: the codec above is sent to it as source in its first message.
-CANDIDATE_SOURCE = r"""
-import os, sys
-_req, _resp = int(sys.argv[1]), int(sys.argv[2])
-_boot = {"__name__": "__codec__"}
-import json as _json, struct as _struct
-_size = _struct.unpack("<I", os.read(_req, 4))[0]
-_data = b""
-while len(_data) < _size:
-    _chunk = os.read(_req, _size - len(_data))
-    if not _chunk:
-        os._exit(3)
-    _data += _chunk
-_first = _json.loads(_data)
-exec(_first["codec"], _boot)
-_send, _receive, _encode, _decode = _boot["send"], _boot["receive"], _boot["encode"], _boot["decode"]
-_ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
-try:
-    exec(compile(_first["program"], "<program>", "exec"), _ns)
-    _fn = _ns[_first["entry_point"]]
-    if not callable(_fn):
-        raise TypeError("the entry point is not callable")
-except BaseException as _err:
-    _send(_resp, {"error": "program: " + type(_err).__name__})
-    os._exit(4)
-_send(_resp, {"ready": True})
-while True:
-    try:
-        _call = _receive(_req)
-    except EOFError:
-        os._exit(0)
-    try:
-        _args = _decode(_call["args"])
-        _result = _encode(_fn(*_args))
-        _send(_resp, {"result": _result})
-    except BaseException as _err:
-        _send(_resp, {"error": type(_err).__name__})
-"""
 
 class TestFailed(Exception):
     """A check failed: a wrong result, an exception, a dead or silent candidate."""
@@ -212,23 +171,29 @@ def _on_alarm(signum, frame):
 
 
 class Candidate:
-    """The model's program in a child interpreter, called through a pipe."""
+    """The model's program in a forked copy of this interpreter, called through a pipe.
 
-    def __init__(self, request, limits):
+    Forked before the harness reads the request's program, tests and nonce (openrlhf_band/sandbox/__init__.py
+    sends them after the set-up), so its memory never held them; it keeps only its two pipe ends (stdin, stdout
+    and stderr on /dev/null: the verdict's pipe is not among them) and starts its own session, with the limits
+    and the system-call filter, before it receives the program."""
+
+    def __init__(self, limits):
         req_read, self.req_write = os.pipe()
         self.resp_read, resp_write = os.pipe()
-        self.proc = start_program(
-            [sys.executable, "-I", "-S", "-c", CANDIDATE_SOURCE, str(req_read), str(resp_write), TAG[0]],
-            limits,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,  # what the program prints is not read: it cannot speak for the checks
-            stderr=subprocess.DEVNULL,
-            pass_fds=(req_read, resp_write),
-        )
+        pid = os.fork()
+        if pid == 0:
+            _candidate(req_read, resp_write, limits)
         os.close(req_read)
         os.close(resp_write)
-        send(self.req_write, {"codec": CODEC_SOURCE, "program": request["program"],
-                              "entry_point": request["entry_point"]})
+        self.proc = Forked(pid)
+        STARTED.append(self.proc)
+
+    def load(self, program, entry_point):
+        try:
+            send(self.req_write, {"program": program, "entry_point": entry_point})
+        except (OSError, CodecError) as err:
+            raise TestFailed("cannot start the candidate: " + type(err).__name__) from None
         answer = self._answer()
         if not answer.get("ready"):
             raise TestFailed(answer.get("error", "the program did not load"))
@@ -261,6 +226,62 @@ class Candidate:
             except OSError:
                 pass
         kill_session(self.proc)
+
+
+class Forked:
+    """A forked child as kill_session and the clean-up see a started program: its pid, wait()."""
+
+    def __init__(self, pid):
+        self.pid, self.status = pid, None
+
+    def wait(self):
+        if self.status is None:
+            self.status = os.waitpid(self.pid, 0)[1]
+        return self.status
+
+
+def _candidate(req, resp, limits):
+    """The forked candidate: its fds, limits and filter, then the program's calls until the harness closes its
+    pipe. Never returns."""
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        # dumpable again, as an exec'd program is: its own /proc/self (mem, maps, fd) is its own to read
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # the harness's stdin carries the request, its stdout the verdict: not the program's
+            os.dup2(null, fd)
+        apply_limits(limits)  # joins the memory group with its fd, so before the fds below are closed
+        low, high = sorted((req, resp))
+        os.closerange(3, low)
+        os.closerange(low + 1, high)
+        os.closerange(high + 1, 1 << 20)
+        _serve_calls(req, resp)
+    except BaseException:
+        pass
+    os._exit(3)
+
+
+def _serve_calls(req, resp):
+    first = receive(req)
+    namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
+    try:
+        exec(compile(first["program"], "<program>", "exec"), namespace)
+        function = namespace[first["entry_point"]]
+        if not callable(function):
+            raise TypeError("the entry point is not callable")
+    except BaseException as err:
+        send(resp, {"error": "program: " + type(err).__name__})
+        os._exit(4)
+    send(resp, {"ready": True})
+    while True:
+        try:
+            call = receive(req)
+        except EOFError:
+            os._exit(0)
+        try:
+            send(resp, {"result": encode(function(*decode(call["args"])))})
+        except BaseException as err:
+            send(resp, {"error": type(err).__name__})
 
 
 # --------------------------------------------------------------------------------------------- limits
@@ -304,7 +325,26 @@ def apply_limits(limits):
     )
     for which, value in pairs:
         resource.setrlimit(which, (value, value))
+    drop_capabilities()
     load_filter()  # last: the filter survives the exec and cannot be removed
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities():
+    """Empty effective, permitted and inheritable sets: pid 1 is the user namespace's root with every capability in
+    it (it builds the mounts), and a forked candidate would keep them all (CAP_SYS_PTRACE reads pid 1's memory,
+    CAP_SYS_ADMIN remounts); an exec alone drops them only because the bounding set is empty."""
+    header = CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words of each set
+    data = (CapData * 2)()
+    if SECCOMP["libc"].capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 class SockFprog(ctypes.Structure):
@@ -411,17 +451,17 @@ def _place(new_root, path):
         _readonly_bind(path, target)
 
 
-def isolate(request):
+def isolate(setup):
     """Build the sandbox's root and enter it; drop the capabilities of what runs next. Returns the mounts that are
     writable inside but should not be (the caller fails the sample unless this is empty)."""
     import glob
 
-    limits = request["limits"]
+    limits = setup["limits"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     new_root = "/tmp"  # any host directory: a tmpfs over it becomes the new root (private mount namespace)
     _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=755")
     bound = [path for path in SYSTEM_DIRS if os.path.lexists(path)]
-    bound += [prefix for prefix in request.get("prefixes", []) if not any(
+    bound += [prefix for prefix in setup.get("prefixes", []) if not any(
         prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS)]
     for path in bound + [path for path in ETC_FILES if os.path.lexists(path)]:
         _place(new_root, path)
@@ -459,10 +499,10 @@ def isolate(request):
 
 
 # --------------------------------------------------------------------------------------------- tests
-def run_call_tests(request, limits):
+def run_call_tests(request, candidate):
     """HumanEval (`test` defines check(candidate) or holds top-level asserts) and APPS call-based tests."""
-    candidate = Candidate(request, limits)
     try:
+        candidate.load(request["program"], request["entry_point"])
         spec = request["tests"]
         if "test" in spec:
             namespace = {"__name__": "__check__"}
@@ -530,33 +570,39 @@ def run_io_tests(request, limits):
 
 # --------------------------------------------------------------------------------------------- main
 def main():
+    """One sample: the set-up part of the request (stdin), the isolation, the candidate forked, then the secret
+    part (the program, its tests, the nonce), the checks, and the verdict line (stdout)."""
     started = time.monotonic()
     TAG[0] = sys.argv[1] if len(sys.argv) > 1 else ""
-    request = json.loads(sys.stdin.buffer.read())
-    limits = request["limits"]
-    verdict = {"passed": False, "nonce": request.get("nonce")}
+    setup = read_request_part()
+    limits = setup["limits"]
+    verdict = {"passed": False}
+    request = None
     try:
         # the programs run as this process's uid: non-dumpable, it cannot be ptraced nor its memory or fds read
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-        prepare_filter(request.get("seccomp"))
-        if request.get("isolate"):
-            writable = isolate(request)
+        prepare_filter(setup.get("seccomp"))
+        if setup.get("isolate"):
+            writable = isolate(setup)
             if writable:  # fail closed: a mount that should be read-only is not
                 raise SandboxBroken("writable inside: " + ", ".join(writable))
-        workdir = "/tmp/work" if request.get("isolate") else request["workdir"]
+        workdir = "/tmp/work" if setup.get("isolate") else setup["workdir"]
         os.makedirs(workdir, exist_ok=True)
         limits["workdir"] = workdir
-        limits["cgroup_fd"] = request.get("cgroup_fd")
-        if limits["cgroup_fd"] is not None:  # written in apply_limits before the exec, closed by it: never a program's
+        limits["cgroup_fd"] = setup.get("cgroup_fd")
+        if limits["cgroup_fd"] is not None:  # written in apply_limits, then closed: never a program's
             os.set_inheritable(limits["cgroup_fd"], False)
         limits["env"] = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
         DEADLINE[0] = started + limits["wall_s"]
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, max(0.01, DEADLINE[0] - time.monotonic()))
-        if request["kind"] == "io":
+        candidate = Candidate(limits) if setup["kind"] == "call" else None  # before the secret part is read
+        request = read_request_part()
+        verdict["nonce"] = request["nonce"]
+        if candidate is None:
             run_io_tests(request, limits)
         else:
-            run_call_tests(request, limits)
+            run_call_tests(request, candidate)
         signal.setitimer(signal.ITIMER_REAL, 0)
         verdict["passed"] = True
     except SandboxBroken as err:
@@ -573,10 +619,130 @@ def main():
         signal.setitimer(signal.ITIMER_REAL, 0)
         for proc in STARTED:  # a timeout can interrupt a test mid-way: its program is still running
             kill_session(proc)
+    if request is None:  # it failed before the secret part: read it now for the nonce, so the parent believes why
+        try:
+            verdict["nonce"] = read_request_part()["nonce"]
+        except Exception:
+            pass
     sys.stdout.write(json.dumps(verdict) + "\n")
     sys.stdout.flush()
     os._exit(0)
 
 
+# --------------------------------------------------------------------------------------------- zygote
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+SAMPLE_NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+PR_SET_PDEATHSIG = 1
+
+
+def serve():
+    """The warm zygote of namespaces mode (openrlhf_band/sandbox/zygote.py starts one per worker slot, as nobody
+    when the parent is root): this file's code loaded once; it never runs a program nor reads a request itself.
+
+    Its stdin is a SOCK_SEQPACKET control socket. Per sample the parent sends `{"tag"}` with the sample's fds
+    (request pipe, verdict pipe, error pipe, and the memory group's cgroup.procs when bounded); the zygote forks a
+    child that unshares fresh user, mount, pid, network, IPC and UTS namespaces (mapping uid and gid 0 to its own)
+    and forks pid 1 of them, which runs main() on those fds exactly as the exec'd harness does; the child sends pid
+    1's pidfd (the parent kills the sample with it at its wall time) and waits for it; the zygote then sends
+    `done <exit code>`. It exits when the parent closes the socket, or dies.
+    """
+    import select
+    import socket
+
+    control = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    # left dumpable (it holds no secret: requests go to pid 1 directly), so that its children may write their own
+    # /proc/self/uid_map; pid 1 makes itself non-dumpable in main() before it reads the request
+    libc = ctypes.CDLL(None, use_errno=True)
+    control.send(b"ready")
+    me = os.getpid()
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 4096, 8)
+        except OSError:
+            os._exit(0)
+        if not message:  # the parent closed its end (or died)
+            os._exit(0)
+        child = os.fork()
+        if child == 0:
+            _sample(control, libc, json.loads(message), fds, me)
+        for fd in fds:
+            os.close(fd)
+        exited = os.pidfd_open(child)
+        # the parent sends nothing while a sample runs: the socket turning readable means it closed it (or died):
+        # then the sample goes at once (its pid 1 and everything in its namespaces die with the child), and so do we
+        ready, _, _ = select.select([control, exited], [], [])
+        if control in ready and not control.recv(4096, socket.MSG_PEEK):
+            os.kill(child, signal.SIGKILL)
+            os._exit(0)
+        os.close(exited)
+        _, status = os.waitpid(child, 0)
+        try:
+            control.send(b"done %d" % os.waitstatus_to_exitcode(status))
+        except OSError:
+            os._exit(0)
+
+
+def _die_with(libc, parent):
+    """SIGKILL this process when its parent (a single-threaded process of ours) exits. `parent`: its pid, to check
+    that it had not exited before the prctl; None in pid 1, whose parent is outside its pid namespace (getppid()
+    is 0 there): a pid 1 orphaned in that instant still ends at its own wall time."""
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(70)
+
+
+def _sample(control, libc, message, fds, zygote):
+    """The zygote's child for one sample: fresh namespaces, pid 1 in them, its pidfd to the parent; never returns."""
+    import socket
+
+    try:
+        _die_with(libc, zygote)
+        uid, gid = os.geteuid(), os.getegid()
+        if libc.unshare(SAMPLE_NAMESPACES) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, "unshare: " + os.strerror(errno))
+        # uid and gid 0 of the new user namespace are this process's own: what `unshare --map-root-user` writes
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        pid1 = os.fork()
+        if pid1 == 0:
+            _pid1(control, libc, message, fds)
+        pidfd = os.pidfd_open(pid1)
+        socket.send_fds(control, [b"started"], [pidfd])
+        os.close(pidfd)
+        for fd in fds:
+            os.close(fd)
+        _, status = os.waitpid(pid1, 0)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+    except BaseException as err:
+        try:
+            control.send(("error " + f"{type(err).__name__}: {err}"[:300]).encode())
+        finally:
+            os._exit(70)
+
+
+def _pid1(control, libc, message, fds):
+    """pid 1 of the sample's namespaces: main() on the sample's fds as 0, 1, 2 (and 3, the memory group)."""
+    try:
+        _die_with(libc, None)
+        control.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(len(fds), 1 << 20)
+        sys.argv = ["-c", message["tag"]]
+        main()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    os._exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    serve() if sys.argv[1:2] == ["--zygote"] else main()

@@ -29,19 +29,46 @@ from openrlhf_band.tasks.code import data as code_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # every harness and program this process started carries its sample's tag, openrlhf-band-sandbox-PID-N, on its
-# command line (forked children keep it): other test files' sandboxes, running beside these, are not counted
+# command line (forked children keep it), and each warm zygote openrlhf-band-sandbox-PID-zygote, which the pool's
+# samples (forks of it) keep too: other test files' sandboxes, running beside these, are not counted
 OWN_TAG = f"{sandbox.TAG_PREFIX}{os.getpid()}-"
+
+
+# OPENRLHF_BAND_TEST_UNDER_BWRAP=1: the battery with bubblewrap in place of our namespaces (the same harness, root
+# layout and filter; openrlhf_band/bench/sandbox_bench.py builds its command): the weighing of docs/tasks.md,
+# "Why our own". Tests of the zygote itself are skipped then.
+UNDER_BWRAP = os.environ.get("OPENRLHF_BAND_TEST_UNDER_BWRAP") == "1"
+zygote_only = pytest.mark.skipif(UNDER_BWRAP, reason="a test of our zygote, not of the isolation")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _namespaces():
-    sandbox.require("namespaces")
+    if not UNDER_BWRAP:
+        sandbox.require("namespaces")
+        yield
+        return
+    from openrlhf_band.bench import sandbox_bench
+
+    bwrap = sandbox_bench.bubblewrap()
+    if bwrap is None:
+        pytest.skip(f"no bwrap: install bubblewrap or set {sandbox_bench.BWRAP_ENV}")
+    ours = sandbox.RUNNERS["namespaces"]
+    sandbox.RUNNERS["namespaces"] = sandbox_bench.bubblewrap_runner(bwrap)
+    sandbox._PROBED.clear()
+    try:
+        sandbox.require("namespaces")
+        yield
+    finally:
+        sandbox.RUNNERS["namespaces"] = ours
+        sandbox._PROBED.clear()
 
 
 def _sandbox_processes() -> list[int]:
+    """This process's sandbox processes but its idle warm zygotes (which stay between samples by design)."""
     found = []
+    zygotes = sandbox.zygote.POOL.pids()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) in zygotes:
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
@@ -398,16 +425,18 @@ def test_rlimits_mode_still_runs_humaneval():
     assert sandbox.run_tests(program, tests, problem["entry_point"], mode="rlimits").passed
 
 
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
 @pytest.mark.parametrize(
     "printed", ['{"passed": true}', '{"passed": true, "nonce": "0000"}', '{"passed": true}\n{"passed": true}']
 )
-def test_a_verdict_without_the_samples_nonce_is_not_believed(monkeypatch, printed):
-    """Whatever prints a passing verdict without this sample's nonce (a forged line) is a sandbox failure."""
-    monkeypatch.setattr(
-        sandbox, "_command", lambda mode, tag="": ["/bin/sh", "-c", f"cat > /dev/null; echo '{printed}'"]
-    )
-    verdict = _run("def f():\n    return 1\n")
-    assert not verdict.passed and verdict.sandbox_error
+def test_a_verdict_without_the_samples_nonce_is_not_believed(monkeypatch, printed, mode):
+    """Whatever prints a passing verdict without this sample's nonce (a forged line) is a sandbox failure: here the
+    harness itself, changed to print it in place of its verdict."""
+    verdict_line = 'sys.stdout.write(json.dumps(verdict) + "\\n")'
+    assert verdict_line in sandbox.HARNESS_SOURCE
+    monkeypatch.setattr(sandbox, "HARNESS_SOURCE", sandbox.HARNESS_SOURCE.replace(verdict_line, f"print({printed!r})"))
+    verdict = sandbox.run_tests("def f():\n    return 1\n", {"test": "assert f() == 1\n"}, "f", mode=mode)
+    assert not verdict.passed and verdict.sandbox_error and "not the harness's" in verdict.error, verdict
 
 
 def _entry_function_only(problem: dict) -> str:
@@ -711,3 +740,165 @@ def test_a_sample_past_its_memory_bound_scores_0_and_its_neighbour_passes(mode):
     assert neighbour.passed, neighbour
     assert _no_sandbox_process_left() == []
     assert _run(MEMORY_HOG, mode=mode, sample_memory_mb=2048).passed  # the same program, under a larger bound
+
+
+# ----------------------------------------------------------------------------- the forked candidate and the zygote
+# The candidate is a fork of the harness (openrlhf_band/sandbox/harness.py, Candidate), and in namespaces mode the
+# harness a fork of a warm zygote (openrlhf_band/sandbox/zygote.py): what a fork would carry over must not reach
+# the program.
+CAPABILITY_PROGRAM = """
+def f():
+    with open("/proc/self/status") as status:
+        return {line.split(":")[0]: int(line.split()[1], 16) for line in status if line.startswith("Cap")}
+"""
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_the_program_has_no_capability(mode):
+    """pid 1 is root of the sample's user namespace with every capability in it (it builds the mounts); its forked
+    candidate drops them all (harness.drop_capabilities): without that, CapEff and CapPrm were full here."""
+    test = "def check(c):\n    sets = c()\n    assert sets['CapEff'] == sets['CapPrm'] == sets['CapInh'] == 0, sets\n"
+    verdict = sandbox.run_tests(CAPABILITY_PROGRAM, {"test": test}, "f", mode=mode)
+    assert verdict.passed, verdict
+
+
+# Searches the program's whole memory (/proc/self/mem over /proc/self/maps) for a marker that only its tests hold. The
+# marker is built reversed into a bytearray and reversed in place, so the only copies the program makes are that
+# bytearray and the read buffer, whose addresses are skipped.
+MEMORY_SEARCH_PROGRAM = """
+import ctypes, os
+
+def f(reversed_marker):
+    target = bytearray(reversed_marker.encode())
+    target.reverse()
+    own = ctypes.addressof((ctypes.c_char * len(target)).from_buffer(target))
+    buffer = bytearray(1 << 20)
+    buffer_at = ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps.read().splitlines()]
+    found, fd = 0, os.open("/proc/self/mem", os.O_RDONLY)
+    for fields in regions:
+        if "r" not in fields[1]:
+            continue
+        address, end = (int(x, 16) for x in fields[0].split("-"))
+        while address < end:
+            try:
+                got = os.preadv(fd, [memoryview(buffer)[: min(len(buffer), end - address)]], address)
+            except OSError:
+                break
+            if got <= 0:
+                break
+            at = buffer.find(target, 0, got)
+            while at != -1:
+                where = address + at
+                if not (own <= where < own + len(target) or buffer_at <= where < buffer_at + len(buffer)):
+                    found += 1
+                at = buffer.find(target, at + 1, got)
+            address += got
+    return found
+"""
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_the_programs_memory_never_held_its_tests(monkeypatch, mode):
+    """The harness forks the candidate before it reads the request's program, tests and nonce: the program finds
+    none of its tests' text in its own memory. Control: a harness changed to read them before the fork lets the
+    same search find them (so the search does look)."""
+    marker = f"tests-only-{os.getpid()}-{time.monotonic_ns()}"
+    test = f"MARKER = {marker!r}\ndef check(c):\n    assert c({marker[::-1]!r}) == 0\n"
+    verdict = sandbox.run_tests(MEMORY_SEARCH_PROGRAM, {"test": test}, "f", mode=mode)
+    assert verdict.passed, verdict
+    fork = 'Candidate(limits) if setup["kind"] == "call" else None  # before the secret part is read\n'
+    read = "        request = read_request_part()\n"
+    assert sandbox.HARNESS_SOURCE.count(fork + read) == 1
+    monkeypatch.setattr(sandbox, "HARNESS_SOURCE", sandbox.HARNESS_SOURCE.replace(
+        fork + read, "(request := read_request_part()) and " + fork))  # fmt: skip
+    verdict = sandbox.run_tests(MEMORY_SEARCH_PROGRAM, {"test": test}, "f", mode=mode)
+    assert not verdict.passed and verdict.error == "failed: assertion", verdict
+
+
+def _sample_namespaces(program: str) -> tuple[set[str], set[int]]:
+    """Run one sample whose program sleeps; meanwhile, from this host, the pid and network namespaces of this
+    process's sandbox processes other than the zygotes. (namespaces seen, zygote pids)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(sandbox.run_tests, program, {"test": "def check(c):\n    assert c() == 1\n"}, "f")
+        seen: set[str] = set()
+        while not running.done():
+            for pid in _sandbox_processes():
+                try:
+                    seen |= {os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("pid", "net")}
+                except OSError:
+                    pass
+            time.sleep(0.02)
+        assert running.result().passed, running.result()
+    return seen, sandbox.zygote.POOL.pids()
+
+
+@zygote_only
+def test_samples_share_a_zygote_but_not_a_process_tree():
+    """Consecutive samples are served by the same warm zygote, and each runs in pid and network namespaces of its
+    own, neither the zygote's nor the previous sample's."""
+    program = "import time\ndef f():\n    time.sleep(0.6)\n    return 1\n"
+    first, zygotes_first = _sample_namespaces(program)
+    second, zygotes_second = _sample_namespaces(program)
+    assert zygotes_first == zygotes_second and zygotes_first
+    # the zygote's own (the host's): also those of the child that unshares, which stays in the pid namespace it
+    # was born in (only its child, pid 1, enters the new one)
+    zygote_namespaces = {os.readlink(f"/proc/{pid}/ns/{kind}") for pid in zygotes_first for kind in ("pid", "net")}
+    first, second = first - zygote_namespaces, second - zygote_namespaces
+    assert {name.split(":")[0] for name in first} == {name.split(":")[0] for name in second} == {"pid", "net"}
+    assert not first & second, (first, second)
+
+
+@zygote_only
+def test_a_dead_zygote_is_replaced():
+    """A zygote killed between samples (the OOM killer, an operator) costs nothing: the next sample starts a new one."""
+    assert _run("def f():\n    return 1\n").passed
+    for pid in sandbox.zygote.POOL.pids():
+        os.kill(pid, 9)
+    time.sleep(0.2)
+    assert _run("def f():\n    return 1\n").passed
+
+
+PARENT_SCRIPT = """
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from openrlhf_band import sandbox
+assert sandbox.run_tests("def f():\\n    return 1\\n", {"test": "assert f() == 1\\n"}, "f").passed
+sleeper = "import time\\ndef f():\\n    time.sleep(60)\\n"
+threading.Thread(target=sandbox.run_tests, args=(sleeper, {"test": "f()\\n"}, "f", sandbox.Limits(wall_s=60))).start()
+time.sleep(1.0)
+print(sorted(sandbox.zygote.POOL.pids()), flush=True)
+time.sleep(60)
+"""
+
+
+@zygote_only
+def test_the_zygotes_and_a_running_sample_die_with_their_parent():
+    """A training process killed outright (SIGKILL, no clean-up) leaves no zygote and no sample behind, not even one
+    with 60 s of wall time left: the zygote sees its control socket close and kills the sample's tree."""
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    zygotes = json.loads(parent.stdout.readline())
+    assert len(zygotes) == 1  # the first sample's, now running the sleeper
+    tag = f"{sandbox.TAG_PREFIX}{parent.pid}-"
+
+    def left() -> list[int]:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if tag in Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry))
+            except OSError:
+                pass
+        return found
+
+    assert len(left()) == 4  # the zygote, its child, pid 1, the candidate
+    parent.kill()
+    parent.wait()
+    give_up = time.monotonic() + 3.0
+    while left() and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert left() == []

@@ -500,14 +500,16 @@ def test_waiting_too_long_for_a_slot_is_a_timeout(monkeypatch):
 
 
 @pytest.fixture
-def no_unshare(monkeypatch):
-    """`unshare` is not installed; the probe cache is empty."""
-    which = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "unshare" else which(name, *a, **k))
+def no_namespaces(monkeypatch):
+    """The kernel refuses to make the sample's namespaces (as with user namespaces disabled: the zygote's unshare
+    fails, here asked with an invalid flag); the probe cache is empty."""
+    call = "if libc.unshare(SAMPLE_NAMESPACES) != 0:"
+    assert call in sandbox.HARNESS_SOURCE
+    monkeypatch.setattr(sandbox, "HARNESS_SOURCE", sandbox.HARNESS_SOURCE.replace(call, "if libc.unshare(-1) != 0:"))
     monkeypatch.setattr(sandbox, "_PROBED", {})
 
 
-def test_without_unshare_the_sandbox_refuses(no_unshare, monkeypatch):
+def test_without_namespaces_the_sandbox_refuses(no_namespaces, monkeypatch):
     verdict = sandbox.run_tests(ADD, json.loads(MBPP_LABEL), "add", mode="namespaces")
     assert not verdict.passed and verdict.sandbox_error and verdict.error.startswith("sandbox:")
     with pytest.raises(sandbox.SandboxUnavailable, match="OPENRLHF_BAND_CODE_SANDBOX=rlimits"):
@@ -520,6 +522,16 @@ def test_without_unshare_the_sandbox_refuses(no_unshare, monkeypatch):
     monkeypatch.setattr(sandbox, "_PROBED", {})
     with pytest.raises(sandbox.SandboxUnavailable, match="OPENRLHF_BAND_CODE_SANDBOX=rlimits"):
         _load("refused")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root parent needs setpriv")
+def test_a_root_parent_without_setpriv_is_refused_in_one_line(monkeypatch):
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "setpriv" else which(name, *a, **k))
+    monkeypatch.setattr(sandbox, "_PROBED", {})
+    for mode in sandbox.MODES:
+        with pytest.raises(sandbox.SandboxUnavailable, match="needs util-linux's `setpriv`"):
+            sandbox.require(mode)
 
 
 def test_an_unknown_sandbox_mode_is_refused(monkeypatch):
