@@ -123,7 +123,7 @@ def bubblewrap_runner(bwrap: str) -> Callable:
     os.chmod(filter_path, 0o644)
 
     def run(setup: dict, request: dict, limits: sandbox.Limits, group, start: float) -> sandbox.Verdict:
-        setup["workdir"] = "/tmp/work"  # inside bwrap's /tmp
+        setup.update(isolate=False, workdir="/tmp/work")  # bwrap built the root; the work directory on its /tmp
         prefixes = sandbox.interpreter_prefixes(sandbox.interpreter())
         harness = [sandbox.interpreter(), "-I", "-S", "-c", sandbox.HARNESS_SOURCE, sandbox.sample_tag()]
         command = [*sandbox._drop_root(), "/bin/sh", "-c", 'exec "$@" 9<"$0"', filter_path,
