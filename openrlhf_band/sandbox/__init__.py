@@ -3,17 +3,16 @@
 `run_tests(program, tests)` starts one sandbox per sample and returns a `Verdict` (passed or not, why, how
 long). Two isolation modes, chosen by `OPENRLHF_BAND_CODE_SANDBOX`:
 
-- `namespaces` (the default): util-linux `unshare` makes fresh user, pid, network, mount, IPC and UTS
-  namespaces; the harness (openrlhf_band/sandbox/harness.py) is their first process. Inside:
-  every mount read-only, fresh size-limited tmpfs over /tmp, /var/tmp, /dev/shm, /run, $HOME and /root
-  (the program's working directory is on that /tmp), no network interface up (loopback included), no
-  process of the host visible (the program's /proc is the namespace's), no capability left for the
-  program (bounding set dropped, no_new_privs), an empty environment (PATH, HOME, LANG only), and per
-  program process resource limits (CPU seconds, address space, processes, open files, file size,
-  no core). When the parent runs as root it first drops to uid/gid 65534 (`setpriv`), so the namespace's
-  root is nobody on the host; as another user it is that user, confined by the read-only mounts.
-  When the sample ends (or its wall time runs out and the parent kills it), the kernel kills every
-  process left in its pid namespace.
+- `namespaces` (the default): fresh user, pid, network, mount, IPC and UTS namespaces per sample, made by a warm
+  zygote (openrlhf_band/sandbox/zygote.py: the harness's interpreter started once per worker slot, as nobody
+  when the parent is root) that forks the sample's pid 1, the harness (openrlhf_band/sandbox/harness.py).
+  Inside: a new read-only root holding the system's directories and the interpreter's prefix, fresh
+  size-limited tmpfs for /tmp and /dev/shm (the program's working directory is on /tmp), no network interface
+  up (loopback included), no process of the host visible (the program's /proc is the namespace's), no
+  capability for the program, an empty environment (PATH, HOME, LANG only), per program process resource
+  limits (CPU seconds, address space, processes, open files, file size, no core) and the system-call filter.
+  When the sample ends (or its wall time runs out and the parent kills pid 1 through its pidfd), the kernel
+  kills every process left in its pid namespace.
 - `rlimits` (a weaker mode the user must name): the harness runs directly (as nobody when the parent is
   root), with the same resource limits, an empty environment and its own temporary directory as working
   directory; it kills each program's session when the sample ends. No filesystem, network or process
@@ -23,8 +22,8 @@ long). Two isolation modes, chosen by `OPENRLHF_BAND_CODE_SANDBOX`:
 
 `require()` checks once per process that the chosen mode works here (a known-good program must pass and
 the root mount must be read-only inside) and raises `SandboxUnavailable` with what to do when it does not.
-Linux only. docs/tasks.md explains the choice (util-linux's `unshare` over bubblewrap / nsjail, which were
-not installed where this was written and tested; PyPI's binary wheels were not evaluated) and the limits:
+Linux only. docs/tasks.md explains the choice (our own calls over bubblewrap, which was run against this
+sandbox's battery and benchmark; nsjail and PyPI's binary wheels were not evaluated) and the limits:
 the system-call filter (openrlhf_band/sandbox/seccomp.py) is a deny list of the dangerous families, so the
 program can make any other call the kernel allows an unprivileged user; Unix sockets on read-only mounts the
 user may connect to stay reachable; the kernel is shared.
@@ -288,7 +287,12 @@ def _payload(setup: dict, request: dict) -> bytes:
 
 
 def _run_as_process(
-    setup: dict, request: dict, limits: Limits, group: memory.Slot | None, start: float, command: list[str] | None = None
+    setup: dict,
+    request: dict,
+    limits: Limits,
+    group: memory.Slot | None,
+    start: float,
+    command: list[str] | None = None,
 ) -> Verdict:
     """rlimits mode: the harness's own interpreter for this sample (no namespaces to make, no zygote). `command`:
     another launcher of the same harness (the benchmark's bubblewrap), else `_rlimits_command`'s."""

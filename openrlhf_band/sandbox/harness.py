@@ -1,17 +1,17 @@
 """The test harness that runs inside the code sandbox (standard library only; run as `python -I -S -c SOURCE`).
 
-It reads one JSON request from stdin, writes one JSON verdict line to stdout and exits. With
-`"isolate": true` it is the first process (pid 1) of fresh user, pid, network, mount, IPC and UTS
-namespaces made by util-linux `unshare` (openrlhf_band/sandbox/__init__.py builds the command), and
-before any test it:
+It reads a request in two parts from stdin (the set-up, then the program, its tests and the nonce), writes one
+JSON verdict line to stdout and exits. In namespaces mode it is forked by a warm zygote (`serve`, below) as
+the first process (pid 1) of fresh user, pid, network, mount, IPC and UTS namespaces, and before any test it:
 
-1. makes every mount private (nothing propagates back to the host) and remounts each one read-only
-   (bind remount, keeping the flags the kernel locks);
-2. mounts fresh size-limited tmpfs over /tmp, /var/tmp, /dev/shm, /run and the parent's home
-   directory, so the only writable places are empty and vanish with the sample;
-3. marks itself non-dumpable (the program, same uid, cannot ptrace it or read its memory) and drops
-   every capability from the bounding set with no_new_privs, so the programs it starts have no
-   capability even as uid 0 of the namespace.
+1. makes every mount private (nothing propagates back to the host) and builds a new read-only root (the
+   system's directories, the interpreter's prefix, a few files of /etc; package directories hidden) with
+   fresh size-limited tmpfs on /tmp and /dev/shm, so the only writable places are empty and vanish with the
+   sample; then re-reads the mount table and fails closed if anything else is writable;
+2. marks itself non-dumpable (the program, same uid, cannot ptrace it or read its memory) and drops
+   every capability from the bounding set with no_new_privs;
+3. forks the candidate before it reads the request's second part, so the program's process never held the
+   tests or the nonce; the candidate drops every capability before the program arrives.
 
 Being pid 1 of the pid namespace, it cannot be killed by a signal from inside the namespace that it
 does not handle (SIGKILL included), and when it exits the kernel kills every process left in the
@@ -20,12 +20,12 @@ namespace: each sample's descendants die with it.
 The model's program never runs in this process. Two kinds of test:
 
 - call-based (HumanEval `{"test", "entry_point"}`, APPS `{"fn_name", "inputs", "outputs"}`): the
-  program runs in a child interpreter (the candidate), which executes it and then answers calls to
-  the entry point over a pipe. The checks run here, with a proxy in place of the function: the
-  arguments and the result cross the pipe as plain data (ints, floats, strings, bytes, bools, None,
-  lists, tuples, dicts, sets), so an object that equals everything, a patched builtin, a `check`
-  the program defines or a printed "passed" cannot reach the checks, and a candidate that exits or
-  dies fails the call.
+  program runs in the candidate (a forked child of this process, with its own limits and filter), which
+  executes it and then answers calls to the entry point over a pipe. The checks run here, with a proxy
+  in place of the function: the arguments and the result cross the pipe as plain data (ints, floats,
+  strings, bytes, bools, None, lists, tuples, dicts, sets), so an object that equals everything, a
+  patched builtin, a `check` the program defines or a printed "passed" cannot reach the checks, and a
+  candidate that exits or dies fails the call.
 - stdin/stdout (APPS / CodeContests `{"inputs", "outputs"}`): the program runs once per case with
   the input on stdin; its stdout (capped) is compared here with the expected output.
 
