@@ -56,10 +56,10 @@ def _unsandboxed(problem: dict) -> bool:
     return done.returncode == 0
 
 
-def _sandboxed(mode: str) -> Callable[[dict], bool]:
+def _sandboxed(mode: str, sample_memory_mb: int | None = None) -> Callable[[dict], bool]:
     from openrlhf_band import sandbox
 
-    limits = sandbox.Limits(wall_s=WALL_S)
+    limits = sandbox.Limits(wall_s=WALL_S, sample_memory_mb=sample_memory_mb)
 
     def run(problem: dict) -> bool:
         program = problem["prompt"] + problem["canonical_solution"]
@@ -165,13 +165,22 @@ def rate(provider: Callable[[dict], bool], problems: list[dict], threads: int) -
     return len(problems) / (time.perf_counter() - start), passed
 
 
-def run(threads: int, rounds: int, providers: tuple[str, ...] | None = None) -> dict:
+def run(
+    threads: int, rounds: int, providers: tuple[str, ...] | None = None, sample_memory_mb: int | None = None
+) -> dict:
+    """`sample_memory_mb`: each sandboxed sample in a memory cgroup of that bound (SystemExit where none can be
+    made), to measure what the bound costs."""
     from openrlhf_band import sandbox
     from openrlhf_band.tasks.code.data import humaneval_problems
 
     bwrap = bubblewrap()
     if providers is None:
         providers = PROVIDERS + (("bubblewrap",) if bwrap else ())
+    if sample_memory_mb is not None:
+        from openrlhf_band.sandbox import memory
+
+        if "per process only" in memory.describe(sample_memory_mb):
+            raise SystemExit(memory.describe(sample_memory_mb))
     problems = humaneval_problems()
     runners = {}
     for name in providers:
@@ -181,10 +190,10 @@ def run(threads: int, rounds: int, providers: tuple[str, ...] | None = None) -> 
             if not bwrap:
                 raise SystemExit(f"no bwrap: install bubblewrap or set {BWRAP_ENV}")
             sandbox.RUNNERS["bubblewrap"] = bubblewrap_runner(bwrap)
-            runners[name] = _sandboxed(name)
+            runners[name] = _sandboxed(name, sample_memory_mb)
         else:
             sandbox.require(name)
-            runners[name] = _sandboxed(name)
+            runners[name] = _sandboxed(name, sample_memory_mb)
     for runner in runners.values():  # warm the page cache and the interpreter's start
         rate(runner, problems[:8], threads)
     measured: dict[str, list[tuple[float, int]]] = {name: [] for name in runners}
@@ -209,6 +218,7 @@ def run(threads: int, rounds: int, providers: tuple[str, ...] | None = None) -> 
         "rounds": rounds,
         "cpus": os.cpu_count(),
         "runs_as_root": os.geteuid() == 0,
+        "sample_memory_mb": sample_memory_mb,
         "python": sandbox.interpreter(),
         "machine": _machine(),
         "bubblewrap": _bubblewrap_version(bwrap) if bwrap else f"not found (install bubblewrap or set {BWRAP_ENV})",
@@ -234,10 +244,14 @@ def format_report(result: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="samples checked at once (default 2)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sample-memory-mb", type=int, default=None,
+                        help="each sandboxed sample in a memory cgroup of this bound (where one can be made): its "
+                        "cost; writes code_sandbox_memory_cpu.json")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
-    result = run(args.threads, args.rounds)
+    result = run(args.threads, args.rounds, sample_memory_mb=args.sample_memory_mb)
     print(format_report(result))
-    print(f"wrote {write_json('code_sandbox_cpu.json', result)}")
+    name = "code_sandbox_cpu.json" if args.sample_memory_mb is None else "code_sandbox_memory_cpu.json"
+    print(f"wrote {write_json(name, result)}")
     return 0
