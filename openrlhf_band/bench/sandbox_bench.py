@@ -56,10 +56,10 @@ def _unsandboxed(problem: dict) -> bool:
     return done.returncode == 0
 
 
-def _sandboxed(mode: str, sample_memory_mb: int | None = None) -> Callable[[dict], bool]:
+def _sandboxed(mode: str, sample_memory_mb: int | None) -> Callable[[dict], bool]:
     from openrlhf_band import sandbox
 
-    limits = sandbox.Limits(wall_s=WALL_S, sample_memory_mb=sample_memory_mb)
+    limits = sandbox.Limits(wall_s=WALL_S, sample_memory_mb=sample_memory_mb)  # None: per process only
 
     def run(problem: dict) -> bool:
         program = problem["prompt"] + problem["canonical_solution"]
@@ -166,21 +166,18 @@ def rate(provider: Callable[[dict], bool], problems: list[dict], threads: int) -
 
 
 def run(
-    threads: int, rounds: int, providers: tuple[str, ...] | None = None, sample_memory_mb: int | None = None
+    threads: int, rounds: int, providers: tuple[str, ...] | None = None, sample_memory_mb: int | None = 1024
 ) -> dict:
-    """`sample_memory_mb`: each sandboxed sample in a memory cgroup of that bound (SystemExit where none can be
-    made), to measure what the bound costs."""
+    """`sample_memory_mb`: each sandboxed sample's memory bound, as the sandbox's default Limits have it (a memory
+    cgroup where one can be made; the report says which); None: per process only, to measure what the bound
+    costs."""
     from openrlhf_band import sandbox
+    from openrlhf_band.sandbox import memory
     from openrlhf_band.tasks.code.data import humaneval_problems
 
     bwrap = bubblewrap()
     if providers is None:
         providers = PROVIDERS + (("bubblewrap",) if bwrap else ())
-    if sample_memory_mb is not None:
-        from openrlhf_band.sandbox import memory
-
-        if "per process only" in memory.describe(sample_memory_mb):
-            raise SystemExit(memory.describe(sample_memory_mb))
     problems = humaneval_problems()
     runners = {}
     for name in providers:
@@ -218,7 +215,7 @@ def run(
         "rounds": rounds,
         "cpus": os.cpu_count(),
         "runs_as_root": os.geteuid() == 0,
-        "sample_memory_mb": sample_memory_mb,
+        "sample_memory": memory.describe(sample_memory_mb),
         "python": sandbox.interpreter(),
         "machine": _machine(),
         "bubblewrap": _bubblewrap_version(bwrap) if bwrap else f"not found (install bubblewrap or set {BWRAP_ENV})",
@@ -244,14 +241,15 @@ def format_report(result: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="samples checked at once (default 2)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sample-memory-mb", type=int, default=None,
-                        help="each sandboxed sample in a memory cgroup of this bound (where one can be made): its "
-                        "cost; writes code_sandbox_memory_cpu.json")  # fmt: skip
+    parser.add_argument("--sample-memory-mb", type=int, default=1024,
+                        help="each sandboxed sample's memory bound, in a memory cgroup where one can be made "
+                        "(default 1024, as the sandbox's); 0: per process only (written apart)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
-    result = run(args.threads, args.rounds, sample_memory_mb=args.sample_memory_mb)
+    result = run(args.threads, args.rounds, sample_memory_mb=args.sample_memory_mb or None)
     print(format_report(result))
-    name = "code_sandbox_cpu.json" if args.sample_memory_mb is None else "code_sandbox_memory_cpu.json"
+    print(result["sample_memory"])
+    name = "code_sandbox_cpu.json" if args.sample_memory_mb else "code_sandbox_per_process_cpu.json"
     print(f"wrote {write_json(name, result)}")
     return 0

@@ -188,6 +188,13 @@ class Candidate:
         os.close(resp_write)
         self.proc = Forked(pid)
         STARTED.append(self.proc)
+        try:  # its limits, capabilities and filter in place, or why not: a sandbox error, never the model's failure
+            answer = receive(self.resp_read)
+        except (EOFError, OSError, ValueError, CodecError) as err:
+            answer = {"sandbox": "it exited (" + type(err).__name__ + ")"}
+        if not answer.get("limited"):
+            raise SandboxBroken("the program's process could not start with its limits and filter: "
+                                + str(answer.get("sandbox"))[:200])
 
     def load(self, program, entry_point):
         try:
@@ -241,10 +248,11 @@ class Forked:
 
 
 def _candidate(req, resp, limits):
-    """The forked candidate: its fds, limits and filter, then the program's calls until the harness closes its
-    pipe. Never returns."""
+    """The forked candidate: its fds, limits and filter (then `{"limited": true}`, or `{"sandbox": why}` and exit),
+    then the program's calls until the harness closes its pipe. Never returns."""
     try:
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        for signum in (signal.SIGALRM, signal.SIGINT):  # the harness's handlers are not the program's
+            signal.signal(signum, signal.SIG_DFL if signum == signal.SIGALRM else signal.default_int_handler)
         # dumpable again, as an exec'd program is: its own /proc/self (mem, maps, fd) is its own to read
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         null = os.open(os.devnull, os.O_RDWR)
@@ -255,6 +263,13 @@ def _candidate(req, resp, limits):
         os.closerange(3, low)
         os.closerange(low + 1, high)
         os.closerange(high + 1, 1 << 20)
+    except BaseException as err:
+        try:
+            send(resp, {"sandbox": type(err).__name__ + ": " + str(err)})
+        finally:
+            os._exit(3)
+    try:
+        send(resp, {"limited": True})
         _serve_calls(req, resp)
     except BaseException:
         pass
@@ -310,8 +325,9 @@ def start_program(argv, limits, **popen):
 
 
 def apply_limits(limits):
-    """In the candidate, before exec: the sample's memory group, resource limits, then the system-call filter
-    (the harness itself is neither limited, bound nor filtered)."""
+    """In a program's process before anything of the program runs (the forked candidate; a stdin/stdout program
+    before its exec): the sample's memory group, a session, resource limits, no capability, then the
+    system-call filter (the harness itself is neither limited, bound nor filtered)."""
     if limits.get("cgroup_fd") is not None:  # the parent opened the group's cgroup.procs: "0" is this process
         os.write(limits["cgroup_fd"], b"0")
     os.setsid()
@@ -573,6 +589,9 @@ def main():
     """One sample: the set-up part of the request (stdin), the isolation, the candidate forked, then the secret
     part (the program, its tests, the nonce), the checks, and the verdict line (stdout)."""
     started = time.monotonic()
+    # Python handles SIGINT (KeyboardInterrupt): back to the default action, which pid 1 of a pid namespace never
+    # takes from inside it, so a program cannot interrupt the checks with it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     TAG[0] = sys.argv[1] if len(sys.argv) > 1 else ""
     setup = read_request_part()
     limits = setup["limits"]
@@ -654,9 +673,10 @@ def serve():
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)
-    # left dumpable (it holds no secret: requests go to pid 1 directly), so that its children may write their own
-    # /proc/self/uid_map; pid 1 makes itself non-dumpable in main() before it reads the request
+    # non-dumpable: another process of the same host user may not ptrace it, nor open its fds (a sample's pipes
+    # pass through it) or its memory; its child is dumpable only while it writes its own uid and gid maps
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     control.send(b"ready")
     me = os.getpid()
     while True:
@@ -705,10 +725,13 @@ def _sample(control, libc, message, fds, zygote):
         if libc.unshare(SAMPLE_NAMESPACES) != 0:
             errno = ctypes.get_errno()
             raise OSError(errno, "unshare: " + os.strerror(errno))
-        # uid and gid 0 of the new user namespace are this process's own: what `unshare --map-root-user` writes
+        # uid and gid 0 of the new user namespace are this process's own: what `unshare --map-root-user` writes.
+        # A non-dumpable process's /proc/self is root's: dumpable for these three writes only
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         pid1 = os.fork()
         if pid1 == 0:
             _pid1(control, libc, message, fds)

@@ -16,11 +16,11 @@ Where it comes from, the strongest first:
 One group per concurrently running sample ("slot"), created under this process's own memory cgroup (so it nests
 inside whatever bound the operator set) and reused across samples; removed at exit. Only the program processes
 join it: the parent opens the slot's `cgroup.procs` and hands the descriptor down; the harness's program
-process writes "0" (itself) to it before its exec (kernels from 5.16 check the opener's credentials, older ones
-the writer's, who is the process it moves: either way it works from nobody inside a user namespace). Only for a
-root parent: a group made by another user belongs to that user, whom the programs run as, and could be lifted.
-The harness stays outside: the OOM killer can never take it, and it always writes the verdict. The parent
-compares the slot's `oom_kill` count before and after the sample.
+process writes "0" (itself) to it before it runs anything of the program (kernels from 5.16 check the
+opener's credentials, older ones the writer's, who is the process it moves: either way it works from nobody
+inside a user namespace). Only for a root parent: a group made by another user belongs to that user, whom the
+programs run as, and could be lifted. The harness stays outside: the OOM killer can never take it, and it
+always writes the verdict. The parent compares the slot's `oom_kill` count before and after the sample.
 """
 
 from __future__ import annotations
@@ -212,8 +212,8 @@ def describe(limit_mb: int | None) -> str:
     if slots.base is None:
         return f"memory bound per process only ({slots.why_not})"
     if limit_mb is None:
-        return ("memory bound per process only (OPENRLHF_BAND_CODE_SAMPLE_MEMORY_MB=N would bound each sample with a "
-                "memory cgroup here, at ~14 ms a sample)")  # fmt: skip
+        return ("memory bound per process only (OPENRLHF_BAND_CODE_SAMPLE_MEMORY_MB=0; a positive N would bound each "
+                "sample with a memory cgroup here)")  # fmt: skip
     return f"memory {limit_mb} MiB per sample (cgroup v1)"
 
 

@@ -90,57 +90,77 @@ class Zygote:
             raise ZygoteError(f"the zygote exited ({self._why()})")
         return message, fds
 
-    def run(self, tag: str, payload: bytes, extra_fds: tuple[int, ...], deadline: float) -> Outcome:
-        """One sample: its pid 1 reads `payload` on stdin; killed at `deadline` (monotonic) if still running."""
+    def run(self, tag: str, payload: bytes, extra_fds: tuple[int, ...], seconds: float) -> Outcome:
+        """One sample: its pid 1 reads `payload` on stdin; killed `seconds` from now if still running. Any failure
+        but a clean verdict's marks the zygote unhealthy (the pool then discards it): a later sample never meets
+        this one's messages."""
+        deadline = time.monotonic() + seconds
         pipes = [os.pipe() for _ in range(3)]  # request, verdict, errors
         ours = [pipes[0][1], pipes[1][0], pipes[2][0]]
-        theirs = [pipes[0][0], pipes[1][1], pipes[2][1], *extra_fds]
+        theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
+        _IN_FLIGHT.update(ours + theirs)
         try:
             try:
-                socket.send_fds(self.control, [json.dumps({"tag": tag}).encode()], theirs)
+                socket.send_fds(self.control, [json.dumps({"tag": tag}).encode()], [*theirs, *extra_fds])
             except OSError as err:
                 self.healthy = False
                 raise ZygoteGone(f"the zygote is gone ({type(err).__name__})") from None
             finally:
-                for fd in theirs[:3]:
-                    os.close(fd)
+                _close(theirs)
             reply, fds = self._receive(deadline)
+            _IN_FLIGHT.update(fds)
             if not reply.startswith(b"started") or len(fds) != 1:
-                for fd in fds:
-                    os.close(fd)
-                self._receive(deadline)  # its "done"
+                _close(fds)
+                self.healthy = False
                 raise ZygoteError(reply.decode(errors="replace").removeprefix("error ")[:300])
-            pidfd = fds[0]
             try:
-                out, err, killed = _exchange(ours, payload, pidfd, deadline)
+                out, err, killed = _exchange(ours, payload, fds[0], deadline)
             finally:
-                os.close(pidfd)
-                ours = []  # _exchange closed them
+                _close(fds)
             done = self._receive(time.monotonic() + TEARDOWN_S)[0]
             if not done.startswith(b"done "):
                 self.healthy = False
                 raise ZygoteError(f"unexpected message from the zygote: {done[:80]!r}")
             return Outcome(None if killed else int(done[5:]), out, err)
+        except BaseException:
+            self.healthy = False
+            raise
         finally:
-            for fd in ours:
-                os.close(fd)
+            _close(ours)
 
     def close(self) -> None:
         self.healthy = False
         with contextlib.suppress(OSError):
             self.control.close()
-        with contextlib.suppress(OSError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.returncode is None:  # not reaped yet, so its pid (the group's id) cannot have been reused
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
             self.proc.wait(timeout=TEARDOWN_S)
         with contextlib.suppress(OSError, ValueError):
             self.proc.stderr.close()
 
 
+# the fds of the samples running now (their pipes, pid 1's pidfd): a child forked from this process meanwhile closes
+# its copies. Between a sample's os.pipe() and the send to the zygote this process holds the verdict pipe's write
+# end, which a forked child keeping it would keep open past the sample (a correct program would time out)
+_IN_FLIGHT: set[int] = set()
+
+
+def _close(fds: list[int]) -> None:
+    """Close each of `fds` this process still holds as a sample's (each once), and empty the list."""
+    for fd in fds:
+        if fd in _IN_FLIGHT:
+            _IN_FLIGHT.discard(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    fds.clear()
+
+
 def _exchange(fds: list[int], payload: bytes, pidfd: int, deadline: float) -> tuple[bytes, bytes, bool]:
-    """Write `payload` to fds[0] and read fds[1] and fds[2] to their end (closing all three), as
-    Popen.communicate does; at `deadline` kill pid 1 through `pidfd` (the kernel then kills its whole pid
-    namespace) and read what is left. (stdout, stderr, killed)."""
+    """Write `payload` to fds[0] and read fds[1] and fds[2] to their end, as Popen.communicate does; at `deadline`
+    kill pid 1 through `pidfd` (the kernel then kills its whole pid namespace) and read what is left. The caller
+    closes the fds. (stdout, stderr, killed)."""
     request, verdict, errors = fds
     chunks: dict[int, list[bytes]] = {verdict: [], errors: []}
     killed = False
@@ -148,8 +168,6 @@ def _exchange(fds: list[int], payload: bytes, pidfd: int, deadline: float) -> tu
         if payload:
             os.set_blocking(request, False)
             selector.register(request, selectors.EVENT_WRITE)
-        else:
-            os.close(request)
         for fd in (verdict, errors):
             selector.register(fd, selectors.EVENT_READ)
         view, written = memoryview(payload), 0
@@ -161,9 +179,6 @@ def _exchange(fds: list[int], payload: bytes, pidfd: int, deadline: float) -> tu
                 killed, deadline = True, time.monotonic() + TEARDOWN_S
                 continue
             if left <= 0:  # killed, and the pipes are still open past the teardown: give up on them
-                for key in list(selector.get_map().values()):
-                    selector.unregister(key.fd)
-                    os.close(key.fd)
                 break
             for key, _ in selector.select(left):
                 if key.fd == request:
@@ -173,14 +188,14 @@ def _exchange(fds: list[int], payload: bytes, pidfd: int, deadline: float) -> tu
                         written = len(payload)
                     if written >= len(payload):
                         selector.unregister(request)
-                        os.close(request)
+                        fds.remove(request)  # closed here, not again by the caller (its number may be reused)
+                        _close([request])  # its end: pid 1 reads to the end of the request
                     continue
                 data = os.read(key.fd, 65536)
                 if data:
                     chunks[key.fd].append(data)
                 else:
                     selector.unregister(key.fd)
-                    os.close(key.fd)
     return b"".join(chunks[verdict]), b"".join(chunks[errors]), killed
 
 
@@ -237,12 +252,14 @@ POOL = Pool()
 
 def _forget_after_fork() -> None:
     """A forked child must not share its parent's zygotes (two users of one control socket): it starts its own.
-    Its copies of the sockets are closed so that the parent's zygotes still exit with the parent."""
+    Its copies of the sockets and of the running samples' fds are closed, so that the parent's zygotes still exit
+    with the parent and its samples' pipes still end."""
     global POOL
     inherited, POOL = POOL, Pool()
     for zygote in [z for zs in inherited.idle.values() for z in zs] + list(inherited.lent):
         with contextlib.suppress(OSError):
             zygote.control.close()
+    _close(list(_IN_FLIGHT))
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

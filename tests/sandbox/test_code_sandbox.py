@@ -902,3 +902,24 @@ def test_the_zygotes_and_a_running_sample_die_with_their_parent():
     while left() and time.monotonic() < give_up:
         time.sleep(0.05)
     assert left() == []
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_a_program_process_that_cannot_get_its_limits_is_a_sandbox_error(mode):
+    """The forked candidate applies its limits and filter itself and says so before the program arrives; when it
+    cannot (here: an open-files limit above what the kernel allows), the sample is a sandbox error, never the
+    model's failure, and the program never runs."""
+    verdict = _run("def f():\n    return 1\n", mode=mode, open_files=1 << 40)
+    assert not verdict.passed and verdict.sandbox_error and "limits and filter" in verdict.error, verdict
+
+
+def test_sigint_to_pid_1_changes_nothing():
+    """Python handles SIGINT, so a pid 1 running Python would take it from inside its namespace; the harness puts
+    it back to the default action, which the kernel never delivers to pid 1 from inside: the program's SIGINTs
+    are lost and the checks go on (they raised KeyboardInterrupt in the harness before)."""
+    program = (
+        "import os, signal, time\ndef f():\n    for _ in range(20):\n        os.kill(1, signal.SIGINT)\n"
+        "        time.sleep(0.005)\n    return 1\n"
+    )
+    verdicts = [_run(program) for _ in range(3)]
+    assert all(v.passed for v in verdicts), verdicts
