@@ -55,10 +55,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH
 
 # distribution packages are left unpinned on purpose: Ubuntu withdraws old versions, which would
-# break the build; the Python stack below is what is pinned
+# break the build; the Python stack below is what is pinned. util-linux (setpriv) and libseccomp2 are what the
+# code sandbox uses (openrlhf_band/sandbox/): on the base image already, named so that they stay
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev git ca-certificates \
+       util-linux libseccomp2 \
     && rm -rf /var/lib/apt/lists/* \
     && python3.12 -m venv /opt/venv
 
