@@ -24,7 +24,6 @@ provider's median rate over the rounds and its ratio to `unsandboxed` (per round
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
 import statistics
@@ -86,21 +85,15 @@ def bubblewrap_arguments(setup: dict, prefixes: list[str]) -> list[str]:
     args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]  # fmt: skip
     bound = []
-    for path in harness.SYSTEM_DIRS:
+    for path in harness.root_paths(prefixes):
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
             bound.append(path)
-    for prefix in prefixes:
-        if not any(prefix == d or prefix.startswith(d + "/") for d in harness.SYSTEM_DIRS):
-            args += ["--ro-bind", prefix, prefix]
-            bound.append(prefix)
     for path in harness.ETC_FILES:
         args += ["--ro-bind-try", path, path]
-    sites = sorted({site for d in bound for pattern in harness.SITE_DIRS for site in glob.glob(os.path.join(d, pattern))
-                    if os.path.isdir(site) and not os.path.islink(site)})  # fmt: skip
-    for site in sites:
+    for site in harness.package_dirs(bound):
         args += ["--tmpfs", site, "--remount-ro", site]
     for node in harness.DEV_NODES:
         args += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]

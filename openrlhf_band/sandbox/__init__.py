@@ -318,8 +318,7 @@ def _run_as_process(
         return Verdict(False, "timeout", time.monotonic() - start)
     finally:
         _kill_group(proc)  # whatever stayed in the group
-    oom_kills = group.oom_kills() - group.oom_kills_before if group is not None else 0
-    return _verdict(request, limits, proc.returncode, out, err, oom_kills, time.monotonic() - start)
+    return _verdict(request, limits, proc.returncode, out, err, group, time.monotonic() - start)
 
 
 def _run_in_zygote(setup: dict, request: dict, limits: Limits, group: memory.Slot | None, start: float) -> Verdict:
@@ -340,8 +339,7 @@ def _run_in_zygote(setup: dict, request: dict, limits: Limits, group: memory.Slo
             return Verdict(False, f"sandbox: {err}", time.monotonic() - start)
     if outcome.returncode is None:
         return Verdict(False, "timeout", time.monotonic() - start)
-    oom_kills = group.oom_kills() - group.oom_kills_before if group is not None else 0
-    return _verdict(request, limits, outcome.returncode, outcome.out, outcome.err, oom_kills, time.monotonic() - start)
+    return _verdict(request, limits, outcome.returncode, outcome.out, outcome.err, group, time.monotonic() - start)
 
 
 # how each mode runs one sample: (setup, request, limits, memory group or None, start) -> Verdict. A comparison may
@@ -350,9 +348,11 @@ RUNNERS = {"namespaces": _run_in_zygote, "rlimits": _run_as_process}
 
 
 def _verdict(
-    request: dict, limits: Limits, returncode: int, out: bytes, err: bytes, oom_kills: int, seconds: float
+    request: dict, limits: Limits, returncode: int, out: bytes, err: bytes, group: memory.Slot | None, seconds: float
 ) -> Verdict:
-    """The harness's verdict line, believed only with the sample's nonce; an exit without one says why."""
+    """The harness's verdict line, believed only with the sample's nonce; an exit without one says why. `group`:
+    the sample's memory group, whose OOM kills since the sample began say why it failed."""
+    oom_kills = group.oom_kills() - group.oom_kills_before if group is not None else 0
     lines = out.decode(errors="replace").strip().splitlines()
     if returncode != 0 or not lines:
         reason = err.decode(errors="replace").strip().splitlines()

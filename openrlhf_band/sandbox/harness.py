@@ -467,24 +467,34 @@ def _place(new_root, path):
         _readonly_bind(path, target)
 
 
+def root_paths(prefixes):
+    """The host paths the new root holds read-only: the system directories present here and the interpreter's
+    prefixes outside them."""
+    paths = [path for path in SYSTEM_DIRS if os.path.lexists(path)]
+    return paths + [prefix for prefix in prefixes if not any(
+        prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS)]
+
+
+def package_dirs(paths, root=""):
+    """The Python package directories in `paths` as seen under `root` (each hidden by an empty read-only tmpfs)."""
+    import glob
+
+    found = {site for d in paths for pattern in SITE_DIRS for site in glob.glob(os.path.join(root + d, pattern))}
+    return sorted(site for site in found if os.path.isdir(site) and not os.path.islink(site))
+
+
 def isolate(setup):
     """Build the sandbox's root and enter it; drop the capabilities of what runs next. Returns the mounts that are
     writable inside but should not be (the caller fails the sample unless this is empty)."""
-    import glob
-
     limits = setup["limits"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     new_root = "/tmp"  # any host directory: a tmpfs over it becomes the new root (private mount namespace)
     _mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=755")
-    bound = [path for path in SYSTEM_DIRS if os.path.lexists(path)]
-    bound += [prefix for prefix in setup.get("prefixes", []) if not any(
-        prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS)]
+    bound = root_paths(setup.get("prefixes", []))
     for path in bound + [path for path in ETC_FILES if os.path.lexists(path)]:
         _place(new_root, path)
-    sites = {site for d in bound for pattern in SITE_DIRS for site in glob.glob(os.path.join(new_root + d, pattern))}
-    for site in sorted(sites):
-        if os.path.isdir(site) and not os.path.islink(site):
-            _mount("tmpfs", site, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=16")
+    for site in package_dirs(bound, new_root):
+        _mount("tmpfs", site, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,nr_inodes=16")
     os.makedirs(new_root + "/dev", exist_ok=True)
     for node in DEV_NODES:
         open(new_root + "/dev/" + node, "a").close()

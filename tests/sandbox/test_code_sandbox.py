@@ -63,8 +63,9 @@ def _namespaces():
         sandbox._PROBED.clear()
 
 
-def _sandbox_processes() -> list[int]:
-    """This process's sandbox processes but its idle warm zygotes (which stay between samples by design)."""
+def _sandbox_processes(tag: str = OWN_TAG) -> list[int]:
+    """The processes whose command line holds `tag` (this process's sandboxes by default) but this process's idle
+    warm zygotes (which stay between samples by design)."""
     found = []
     zygotes = sandbox.zygote.POOL.pids()
     for entry in os.listdir("/proc"):
@@ -74,7 +75,7 @@ def _sandbox_processes() -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if OWN_TAG in cmdline:
+        if tag in cmdline:
             found.append(int(entry))
     return found
 
@@ -886,14 +887,7 @@ def test_the_zygotes_and_a_running_sample_die_with_their_parent():
     tag = f"{sandbox.TAG_PREFIX}{parent.pid}-"
 
     def left() -> list[int]:
-        found = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if tag in Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry))
-            except OSError:
-                pass
-        return found
+        return _sandbox_processes(tag)  # the parent's zygotes are not this process's pool: all counted
 
     assert len(left()) == 4  # the zygote, its child, pid 1, the candidate
     parent.kill()
