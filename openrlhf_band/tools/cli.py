@@ -28,16 +28,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.results_dir:  # common.results_dir() reads it, here and in the processes a benchmark starts
         os.environ["OPENRLHF_BAND_BENCH_DIR"] = args.results_dir
-    return importlib.import_module(f"openrlhf_band.bench.{BENCHMARKS[args.what]}").main(args)
+    return importlib.import_module(f"openrlhf_band.bench.{BENCHMARKS[args.what][0]}").main(args)
 
 
+# `openrlhf-band bench NAME`: NAME -> (its module under openrlhf_band/bench, with add_arguments and main; the help
+# line). The one table of benchmarks: build_parser makes a subcommand of each entry, _cmd_bench runs it.
 BENCHMARKS = {
-    "bounds": "bounds_bench",
-    "kernel": "kernel_bench",
-    "reward": "reward_bench",
-    "authors-rule": "authors_rule_bench",
-    "logprobs": "logprobs_bench",
-    "code-sandbox": "sandbox_bench",
+    "bounds": ("bounds_bench", "band bounds vs fixed clipping vs the authors' solver"),
+    "kernel": ("kernel_bench", "fused Band loss vs torch reference vs OpenRLHF PPO clipping"),
+    "reward": ("reward_bench", "reward scoring throughput against the number of math-verify workers"),
+    "authors-rule": ("authors_rule_bench", "clip fractions: this band vs the authors' p > 1 - 1e-6 rule"),
+    "logprobs": ("logprobs_bench", "log-prob step: OpenRLHF's full logits vs the fused chunked lm_head"),
+    "code-sandbox": ("sandbox_bench", "code reward: programs checked per second with and without the sandbox"),
 }
 
 
@@ -54,14 +56,28 @@ def _cmd_check_args(args: argparse.Namespace) -> int:
 
 
 def _module_command(module: str):
-    """A subcommand implemented by `module.main(args)` (imported when it runs)."""
+    """A subcommand implemented by `module.main(args)` (imported when it runs). A module that imports what
+    it needs only deep inside its work (after a download, say) declares it in `REQUIRES`: those are looked
+    up before `main` runs, so a missing one is the one-line install hint and nothing was fetched or written."""
 
     def run(args: argparse.Namespace) -> int:
         import importlib
 
-        return importlib.import_module(module).main(args)
+        implementation = importlib.import_module(module)
+        require_modules(*getattr(implementation, "REQUIRES", ()))
+        return implementation.main(args)
 
     return run
+
+
+def require_modules(*names: str) -> None:
+    """ModuleNotFoundError (with its `name`, which missing_module_hint reads) for the first of `names` that
+    cannot be imported here; looked up, not imported (transformers' import alone takes seconds)."""
+    import importlib.util
+
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
 def _aot_parser() -> argparse.ArgumentParser:
@@ -153,25 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (results under out/bench/, or --results-dir DIR)")
     bench_sub = p.add_subparsers(dest="what", required=True)
-    from openrlhf_band.bench import (
-        authors_rule_bench,
-        bounds_bench,
-        kernel_bench,
-        logprobs_bench,
-        reward_bench,
-        sandbox_bench,
-    )
+    import importlib
 
-    for name, module, text in (
-        ("bounds", bounds_bench, "band bounds vs fixed clipping vs the authors' solver"),
-        ("kernel", kernel_bench, "fused Band loss vs torch reference vs OpenRLHF PPO clipping"),
-        ("reward", reward_bench, "reward scoring throughput against the number of math-verify workers"),
-        ("authors-rule", authors_rule_bench, "clip fractions: this band vs the authors' p > 1 - 1e-6 rule"),
-        ("logprobs", logprobs_bench, "log-prob step: OpenRLHF's full logits vs the fused chunked lm_head"),
-        ("code-sandbox", sandbox_bench, "code reward: programs checked per second with and without the sandbox"),
-    ):
+    for name, (module, text) in BENCHMARKS.items():
         bench_parser = bench_sub.add_parser(name, help=text)
-        module.add_arguments(bench_parser)
+        importlib.import_module(f"openrlhf_band.bench.{module}").add_arguments(bench_parser)
         bench_parser.add_argument(
             "--results-dir", default=None, metavar="DIR",
             help="where to write the results (default: $OPENRLHF_BAND_BENCH_DIR, else out/bench); "

