@@ -818,18 +818,28 @@ def test_the_programs_memory_never_held_its_tests(monkeypatch, mode):
     assert not verdict.passed and verdict.error == "failed: assertion", verdict
 
 
-def _sample_namespaces(program: str) -> tuple[set[str], set[int]]:
+def _sample_namespaces(program: str, held: list[int]) -> tuple[set[str], set[int]]:
     """Run one sample whose program sleeps; meanwhile, from this host, the pid and network namespaces of this
-    process's sandbox processes other than the zygotes. (namespaces seen, zygote pids)."""
+    process's sandbox processes other than the zygotes. (namespaces seen, zygote pids). Each namespace seen is
+    held open (its fd appended to `held`, for the caller to close): the kernel reuses a freed namespace's inode
+    number, so a later sample could otherwise show the number of an earlier one that no longer exists."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         running = pool.submit(sandbox.run_tests, program, {"test": "def check(c):\n    assert c() == 1\n"}, "f")
         seen: set[str] = set()
         while not running.done():
             for pid in _sandbox_processes():
-                try:
-                    seen |= {os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("pid", "net")}
-                except OSError:
-                    pass
+                for kind in ("pid", "net"):
+                    try:
+                        name = os.readlink(f"/proc/{pid}/ns/{kind}")
+                        if name not in seen:
+                            fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
+                            if os.readlink(f"/proc/self/fd/{fd}") == name:  # still the same namespace
+                                seen.add(name)
+                                held.append(fd)
+                            else:
+                                os.close(fd)
+                    except OSError:
+                        pass
             time.sleep(0.02)
         assert running.result().passed, running.result()
     return seen, sandbox.zygote.POOL.pids()
@@ -840,8 +850,13 @@ def test_samples_share_a_zygote_but_not_a_process_tree():
     """Consecutive samples are served by the same warm zygote, and each runs in pid and network namespaces of its
     own, neither the zygote's nor the previous sample's."""
     program = "import time\ndef f():\n    time.sleep(0.6)\n    return 1\n"
-    first, zygotes_first = _sample_namespaces(program)
-    second, zygotes_second = _sample_namespaces(program)
+    held: list[int] = []
+    try:
+        first, zygotes_first = _sample_namespaces(program, held)
+        second, zygotes_second = _sample_namespaces(program, held)
+    finally:
+        for fd in held:
+            os.close(fd)
     assert zygotes_first == zygotes_second and zygotes_first
     # the zygote's own (the host's): also those of the child that unshares, which stays in the pid namespace it
     # was born in (only its child, pid 1, enters the new one)
