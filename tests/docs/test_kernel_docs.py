@@ -194,7 +194,7 @@ def benchmark_tokens(script: str, what: str) -> list[int]:
     words = shlex.split(line[line.index(f"bench {what}") :])[2:]
     words = words[: next((i for i, w in enumerate(words) if w.startswith(("2>", "|", ">"))), len(words))]
     parser = argparse.ArgumentParser(add_help=False)
-    importlib.import_module(f"openrlhf_band.bench.{BENCHMARKS[what]}").add_arguments(parser)
+    importlib.import_module(f"openrlhf_band.bench.{BENCHMARKS[what][0]}").add_arguments(parser)
     tokens = parser.parse_known_args(words)[0].tokens
     return tokens if isinstance(tokens, list) else [tokens]
 
