@@ -94,7 +94,7 @@ smollm2-study: $(E2E_STAMP)
 # SmolLM2-135M-Instruct in studies/realmodel/loop.py (seeded sampling, OpenRLHF's Actor, the methods' real
 # losses). Calibrate the task; the replay probe (about 45 min on 2 cores; needs clip seed 0's step-6 weights,
 # which the first pair saves); the paired study, clip against band-kl, seed by seed to its stopping rule
-# (about 25 min a run on 2 cores; the ledger studies/realmodel/results/runs/ carries it to another machine,
+# (24-38 min a run on 2 cores, mean 29 min: the ledger's `seconds`; the ledger studies/realmodel/results/runs/ carries it to another machine,
 # `touch out/realmodel/STOP` stops it before its next run). Never beside a test suite.
 SMOL_MODEL_DIR := $(E2E_VENV)/models/smollm2-135m-instruct
 $(SMOL_MODEL_DIR)/PREPARED.json: | $(E2E_STAMP)

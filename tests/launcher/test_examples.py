@@ -16,8 +16,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 BASE_ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 # every script's check-args JSON at 4f63a9a (DATA_DIR written <DATA_DIR>), with the same environment as dry_run;
 # the TASK= variants and the agent's are in the file too (compared when it was made: identical)
-CHECK_ARGS_BEFORE_47 = json.loads(
-    (Path(__file__).resolve().parents[1] / "fixtures" / "unchanged" / "check_args_before_47.json").read_text()
+CHECK_ARGS_AT_4F63A9A = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "unchanged" / "check_args_at_4f63a9a.json").read_text()
 )
 # DPPO's whole resolved block: no delta, relax, floor or adaptive keys
 DPPO_KEYS = {"rule", "divergence", "delta_low_high", "dppo_truncation", "mask", "gradient_weight", "upper_cap",
@@ -90,8 +90,8 @@ def test_every_script_is_covered():
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
     config = dry_run(script, tmp_path)
-    # the whole resolved configuration is the one every script gave before issue 47 moved the tasks (4f63a9a)
-    assert json.loads(json.dumps(config).replace(str(tmp_path), "<DATA_DIR>")) == CHECK_ARGS_BEFORE_47[script]
+    # the whole resolved configuration is the one every script gave before the tasks moved into folders (4f63a9a)
+    assert json.loads(json.dumps(config).replace(str(tmp_path), "<DATA_DIR>")) == CHECK_ARGS_AT_4F63A9A[script]
     loss, dual_clip, band = EXPECTED[script]
     assert config["policy_loss_type"] == loss
     # the paper's shared settings

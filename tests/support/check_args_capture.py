@@ -3,7 +3,7 @@ launcher's TASK= variants and the code agent's, with the data directory written 
 
     python tests/support/check_args_capture.py OUT.json      (with the checkout's environment)
 
-tests/fixtures/unchanged/check_args_before_47.json is its output at 4f63a9a, before issue 47's restructure.
+tests/fixtures/unchanged/check_args_at_4f63a9a.json is its output at 4f63a9a, before the tasks moved into folders.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ answers). Only command lines and file paths, so that the same file runs in a che
 
     python tests/support/unchanged_capture.py OUT.json      (with the checkout's environment)
 
-tests/fixtures/unchanged/tasks_before_47.json is its output at 4f63a9a, before issue 47's restructure;
+tests/fixtures/unchanged/tasks_at_4f63a9a.json is its output at 4f63a9a, before the tasks moved into folders;
 tests/tasks/test_unchanged.py holds the current code to it.
 """
 
