@@ -5,7 +5,8 @@
 # project folder that holds their own reward file (named by a relative path: it reaches the nodes only
 # through the job's uploaded working directory) next to data and an environment that must not be uploaded.
 #
-#   bash studies/cpu_engine/two_nodes.sh OUT_DIR [SCRIPT]        (SCRIPT: examples/scripts/NAME, default bandpo_kl.sh)
+#   bash studies/cpu_engine/two_nodes.sh OUT_DIR [SCRIPT [ARGS...]]   (SCRIPT: examples/scripts/NAME, default
+#                                                                     bandpo_kl.sh; ARGS join its EXTRA_ARGS)
 #
 # Writes OUT_DIR/submit.log (what the user's terminal shows), OUT_DIR/shared/runs/METHOD-seed42/ (the
 # run's outputs, where OUTPUT_ROOT asked), OUT_DIR/nodes.json and OUT_DIR/actors.json (Ray's state API
@@ -15,8 +16,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT_DIR="${1:?usage: bash studies/cpu_engine/two_nodes.sh OUT_DIR [SCRIPT]}"
+OUT_DIR="${1:?usage: bash studies/cpu_engine/two_nodes.sh OUT_DIR [SCRIPT [ARGS...]]}"
 SCRIPT="${2:-bandpo_kl.sh}"
+shift $(( $# < 2 ? $# : 2 ))
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 # shellcheck source=studies/cpu_engine/cluster.sh
@@ -74,6 +76,7 @@ EXTRA=(
   --actor.adam.lr 1e-4 --eval.steps 1 --eval.n_samples_per_prompt 2 --ckpt.save_steps 1
   # the user's own reward file, by a path relative to the submitting folder
   --reward.remote_url my_reward.py
+  "$@"
 )
 # In the background and waited for, so that a signal to this script runs its traps at once.
 set +e

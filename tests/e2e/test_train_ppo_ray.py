@@ -404,6 +404,14 @@ def test_no_process_of_any_run_is_left(
 TWO_NODES_SH = ROOT / "studies" / "cpu_engine" / "two_nodes.sh"
 
 
+# ZeRO-2 for the two ranks: with ZeRO-3 (common.sh's default) two actor ranks over gloo on a CPU logged NaN for
+# kl, entropy and policy loss at step 1 in 4 of 5 runs, and in 1 of them vLLM received another model.norm.weight
+# than the trainer then held (the sync check failed; a red CI, seen at 4ad4175 on a 2-core AMD EPYC); with ZeRO-2,
+# 2 of 2 finite and synced. Not explained (docs/e2e_cpu.md); what this run checks (placement, upload, outputs, the
+# sync) does not need ZeRO-3, and its losses are now checked finite.
+TWO_NODE_ARGS = ("--ds.zero_stage", "2")
+
+
 @pytest.fixture(scope="session")
 def two_node_run(e2e_root) -> Run:
     """examples/scripts/bandpo_kl.sh through RAY_ADDRESS with NNODES=2, GPUS_PER_NODE=1, from a user's
@@ -412,7 +420,7 @@ def two_node_run(e2e_root) -> Run:
     out = e2e_root / "two-nodes"
     start = time.monotonic()
     proc = subprocess.run(
-        ["bash", str(TWO_NODES_SH), str(out), "bandpo_kl.sh"], capture_output=True, text=True,
+        ["bash", str(TWO_NODES_SH), str(out), "bandpo_kl.sh", *TWO_NODE_ARGS], capture_output=True, text=True,
         timeout=int(os.environ.get("E2E_TIMEOUT_S", "900")) + 600,
     )  # fmt: skip
     run = Run(out, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
@@ -436,12 +444,14 @@ def test_a_job_submitted_to_two_nodes_trains_and_writes_where_the_user_asked(two
     run_dir = out / "shared" / "runs" / "bandpo-kl-seed42"
     scalars = load_scalars(run_dir / "tensorboard")
     assert sorted(scalars["train/band/clip_frac_upper"]) == [1], sorted(scalars)
+    losses = {tag: scalars[f"train/{tag}"][1] for tag in ("policy_loss", "kl", "entropy_loss")}
+    assert all(math.isfinite(v) for v in losses.values()), losses
     assert sorted(scalars["eval/eval_default_pass1"]) == [1], sorted(k for k in scalars if k.startswith("eval/"))
     assert (run_dir / "ckpt" / "_actor" / "global_step1").is_dir()
     assert (run_dir / "model" / "config.json").is_file() and list((run_dir / "model").glob("*.safetensors"))
     log = (run_dir / "train.log").read_text(errors="replace")
     assert "Global step 1" in log and "Job 'raysubmit_" in log  # the submission's own output, tee'd
-    assert "divergence='kl'" in re.search(r"band=namespace\(([^)]*)\)", log).group(1)
+    assert "divergence='kl'" in re.search(r"band=namespace\(([^)]*)\)", log).group(1) and "zero_stage=2" in log
     # the upload: the user's reward file, unpacked on both nodes; not their data or environment. Listed after
     # the job, so nothing was written into Ray's copies of the working directory either
     uploaded = [line.split(" ", 1) for line in (out / "uploaded.txt").read_text().splitlines()]
