@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "cold": {"home_empty": not any(home.iterdir()) if home.is_dir() else True,
                  "venvs_absent": not Path(".venv").exists() and not Path(".venv-e2e").exists()},  # fmt: skip
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     idle = memory_in_use_gib()
     sampler = MemorySampler()
