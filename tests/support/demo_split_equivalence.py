@@ -1,8 +1,8 @@
-"""Issue 47, the demo split: the old openrlhf_band/tools/demo.py (from git, at 4f63a9a) against the new package,
-bit for bit on small runs of every kind of method (clip, band, entropy-adaptive floor, DPPO, DCPO, an
+"""The demo split into a package (c82b186): the old openrlhf_band/tools/demo.py (from git, at 4f63a9a) against
+the new package, bit for bit on small runs of every kind of method (clip, band, entropy-adaptive floor, DPPO, DCPO, an
 objective without bounds, the ablation), the warm-up and the mechanism check. Run from the checkout:
 
-    OMP_NUM_THREADS=1 .venv/bin/python tests/support/demo_equivalence_47.py      (from the checkout, with git history)
+    OMP_NUM_THREADS=1 .venv/bin/python tests/support/demo_split_equivalence.py   (from the checkout, with git history)
 
 (about a minute on one core). Prints OK or raises with the first difference."""
 
