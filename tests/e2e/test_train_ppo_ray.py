@@ -407,8 +407,9 @@ TWO_NODES_SH = ROOT / "studies" / "cpu_engine" / "two_nodes.sh"
 # ZeRO-2 for the two ranks: with ZeRO-3 (common.sh's default) two actor ranks over gloo on a CPU logged NaN for
 # kl, entropy and policy loss at step 1 in 4 of 5 runs, and in 1 of them vLLM received another model.norm.weight
 # than the trainer then held (the sync check failed; a red CI, seen at 4ad4175 on a 2-core AMD EPYC); with ZeRO-2,
-# 2 of 2 finite and synced. Not explained (docs/e2e_cpu.md); what this run checks (placement, upload, outputs, the
-# sync) does not need ZeRO-3, and its losses are now checked finite.
+# 2 of 2 finite and synced. The likely cause is DeepSpeed's coalesced ZeRO-3 all-gather on gloo (docs/e2e_cpu.md:
+# 3 of 3 finite with stage3_allgather_sequential); what this run checks (placement, upload, outputs, the sync) does
+# not need ZeRO-3, and its losses are now checked finite.
 TWO_NODE_ARGS = ("--ds.zero_stage", "2")
 
 
