@@ -34,11 +34,13 @@ E2E_TIMINGS = Path("out/tests/e2e-timings.json")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+def meminfo_kib() -> dict[str, int]:
+    return {line.split(":", 1)[0]: int(line.split(":", 1)[1].split()[0]) for line in
+            Path("/proc/meminfo").read_text().splitlines()}  # fmt: skip
+
+
 def memory_in_use_gib() -> float:
-    fields = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        name, value = line.split(":", 1)
-        fields[name] = int(value.split()[0])  # kB
+    fields = meminfo_kib()
     return (fields["MemTotal"] - fields["MemAvailable"]) / 2**20
 
 
@@ -50,7 +52,7 @@ def machine() -> dict:
         "cpu": model,
         "cores": os.cpu_count(),
         "bf16_instructions": [f for f in BF16_FLAGS if f in flags],
-        "memory_gib": round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 1),
+        "memory_gib": round(meminfo_kib()["MemTotal"] / 2**20, 1),
         "kernel": platform.release(),
     }
 
