@@ -99,6 +99,8 @@ smollm2-study: $(E2E_STAMP)
 SMOL_MODEL_DIR := $(E2E_VENV)/models/smollm2-135m-instruct
 $(SMOL_MODEL_DIR)/PREPARED.json: | $(E2E_STAMP)
 	$(E2E_VENV)/bin/openrlhf-band prepare-model smollm2-135m-instruct $(SMOL_MODEL_DIR)
+realmodel-audit: $(STAMP)
+	$(PY) studies/realmodel/audit.py
 realmodel-calibrate: $(SMOL_MODEL_DIR)/PREPARED.json
 	$(E2E_VENV)/bin/python studies/realmodel/calibrate.py
 realmodel-probe: $(SMOL_MODEL_DIR)/PREPARED.json

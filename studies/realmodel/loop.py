@@ -177,10 +177,21 @@ class Task:
     reward_fn: Callable[[list[str], list[str], list[str]], list[float]]  # (queries, prompts, labels)
 
     @staticmethod
-    def load(data_dir: Path) -> Task:
+    def load(data_dir: Path, reward: str = "partial") -> Task:
+        """reward: "partial" = the gym reward file's score; "exact" = 1 where that score is 1 (the scorer's
+        exact match), else 0."""
         rows = [json.loads(line) for line in (data_dir / "train.jsonl").read_text().splitlines() if line.strip()]
         held = [json.loads(line) for line in (data_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
-        return Task(rows, held, gym_reward_fn())
+        if reward not in ("partial", "exact"):
+            raise ValueError(f"reward must be 'partial' or 'exact', not {reward!r}")
+        score = gym_reward_fn()
+        if reward == "exact":
+            partial = score
+
+            def score(queries: list[str], prompts: list[str], labels: list[str]) -> list[float]:
+                return [1.0 if v >= 1.0 else 0.0 for v in partial(queries, prompts, labels)]
+
+        return Task(rows, held, score)
 
 
 def gym_reward_fn() -> Callable[[list[str], list[str], list[str]], list[float]]:
