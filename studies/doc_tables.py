@@ -129,12 +129,14 @@ def pairs_row() -> str:
 
     rule = study.stopping_rule(reward)
     state = f"stopping rule met: {rule}" if rule else "running to its stopping rule (4 to 12 pairs)"
-    claim1 = f"sampled reward {cell(reward, '')}"
-    if rule and "half-width" in rule:  # stopped on precision: the interval holds 0 and is narrow, a stated answer
-        lo, hi = reward["ci95"]
-        rise = statistics.fmean(reward["clip_rises"])
-        claim1 = (f"sampled reward {pm(reward['mean'], reward['sd'])}, 95% interval [{lo:+.3f}, {hi:+.3f}]: no gain "
-                  f"detected, to within {(hi - lo) / 2:.3f} (under 0.3x clip's rise, {rise:.3f})")  # fmt: skip
+    # the reward outcome is confounded: the shortcut audit's best trivial policy (the word copied forward) scores
+    # at the level the runs rose to, so the row reports the number and says it does not test claim 1
+    audit_file = ROOT / "studies" / "realmodel" / "results" / "audit" / "spell-backward-len-3-4-shots.json"
+    audit = json.loads(audit_file.read_text())
+    lo, hi = reward["ci95"] if reward["ci95"] else (math.nan, math.nan)
+    claim1 = (f"not tested: sampled reward {pm(reward['mean'], reward['sd'])} [{lo:+.4f}, {hi:+.4f}] is confounded, "
+              f"the trivial policy '{audit['worst']}' (the word copied forward) scores {audit['worst_reward']:.3f} "
+              f"([the copy shortcut](docs/smollm2_study.md#the-copy-shortcut))")  # fmt: skip
     return (f"| [SmolLM2, exactly paired GRPO loop, 12 steps, spell_backward](docs/smollm2_study.md#results) "
             f"| {claim1} | exact entropy {cell(entropy, ' nats')} "
             f"| {reward['n']} pair{'' if reward['n'] == 1 else 's'}; {state} |")  # fmt: skip

@@ -30,9 +30,11 @@ advantage is group-normalised, as OpenRLHF's group_norm estimator).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +43,25 @@ import torch
 from torch import Tensor
 
 from openrlhf_band.tools.demo import BINS  # (lo, hi, name) old-probability bins, as the band's metrics
+
+
+class Timer:
+    """Seconds spent per phase of a run (generation, old log-probs, the update...), summed over its calls:
+    `with timer("phase"): ...`. The profile of docs/smollm2_study.md#the-entropy-study is these sums."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in self.seconds.items()}
 
 
 @dataclass
@@ -363,48 +384,63 @@ class Trainer:
         self.bounds_of = method_bounds(method, demo_cfg)
         self.optim = torch.optim.Adam(policy.model.parameters(), lr=cfg.lr, betas=cfg.betas)
 
-    def update(self, rollout: Rollout, order_seed: int, old: Tensor | None = None) -> dict:
+    def update(
+        self,
+        rollout: Rollout,
+        order_seed: int,
+        old: Tensor | None = None,
+        after: bool = True,
+        timer: Timer | None = None,
+    ) -> dict:
         """One rollout's updates (epochs x minibatches, the order from `order_seed`). Returns the batch's
-        tensors before and after: old / new log-probs of every action token, advantages, the mask, the
+        tensors before and after: old / new log-probs of every action token (new: None unless `after`, a
+        forward pass over the batch that only the per-token statistics read), advantages, the mask, the
         bounds, and the mean clip fraction of the optimizer steps. `old`: the batch's log-probs under the
         current weights when the caller has them (the replay probe shares them across methods)."""
+        timer = timer or Timer()
         from openrlhf.models.loss import aggregate_loss
         from openrlhf.models.utils import compute_approx_kl
 
         cfg, actor = self.cfg, self.policy.actor
         width = max(len(r) for r in rollout.replies)
         sequences, attention, action = pack(rollout.prompt_ids, rollout.replies, self.policy.pad_id, width)
-        old = self.policy.log_probs(sequences, attention, action) if old is None else old
-        ref = self.reference.log_probs(sequences, attention, action) if self.reference is not None else None
+        with timer("old log-probs"):
+            old = self.policy.log_probs(sequences, attention, action) if old is None else old
+        with timer("reference log-probs"):
+            ref = self.reference.log_probs(sequences, attention, action) if self.reference is not None else None
         adv = rollout.advantages[:, None].expand_as(old).contiguous()
         needs_entropy = getattr(self.loss_fn, "needs_entropy", False)
         gen = torch.Generator().manual_seed(order_seed)
         clip_fracs = []
-        for _epoch in range(cfg.epochs):
-            for idx in torch.randperm(len(sequences), generator=gen).chunk(cfg.minibatches):
-                actor.train()
-                log_probs, output = actor(
-                    sequences[idx],
-                    action[idx],
-                    attention_mask=attention[idx],
-                    return_output=True,
-                    return_entropy=needs_entropy,
-                )
-                extra = {"entropy": output.entropy[:, -width:].detach()} if needs_entropy else {}
-                policy_loss, clip_ratio, *_ = self.loss_fn(
-                    log_probs, old[idx], adv[idx], action_mask=action[idx], **extra
-                )
-                loss = policy_loss
-                if ref is not None and cfg.kl_coef:
-                    kl = compute_approx_kl(log_probs, ref[idx], kl_estimator="k3")
-                    loss = loss + cfg.kl_coef * aggregate_loss(kl, action[idx], token_level_loss=False)
-                self.optim.zero_grad()
-                loss.backward()
-                self.optim.step()
-                if needs_entropy:
-                    self.loss_fn.after_optimizer_step()
-                clip_fracs.append(float(clip_ratio))
-        new = self.policy.log_probs(sequences, attention, action)
+        with timer("update"):
+            for _epoch in range(cfg.epochs):
+                for idx in torch.randperm(len(sequences), generator=gen).chunk(cfg.minibatches):
+                    actor.train()
+                    log_probs, output = actor(
+                        sequences[idx],
+                        action[idx],
+                        attention_mask=attention[idx],
+                        return_output=True,
+                        return_entropy=needs_entropy,
+                    )
+                    extra = {"entropy": output.entropy[:, -width:].detach()} if needs_entropy else {}
+                    policy_loss, clip_ratio, *_ = self.loss_fn(
+                        log_probs, old[idx], adv[idx], action_mask=action[idx], **extra
+                    )
+                    loss = policy_loss
+                    if ref is not None and cfg.kl_coef:
+                        kl = compute_approx_kl(log_probs, ref[idx], kl_estimator="k3")
+                        loss = loss + cfg.kl_coef * aggregate_loss(kl, action[idx], token_level_loss=False)
+                    self.optim.zero_grad()
+                    loss.backward()
+                    self.optim.step()
+                    if needs_entropy:
+                        self.loss_fn.after_optimizer_step()
+                    clip_fracs.append(float(clip_ratio))
+        new = None
+        if after:
+            with timer("log-probs after"):
+                new = self.policy.log_probs(sequences, attention, action)
         lower, upper = self.bounds_of(old) if self.bounds_of is not None else (None, None)
         return {
             "old": old,
@@ -457,25 +493,30 @@ def run(
     sampled_n: int = 2,
     eval_seed: int = 0,
     eval_every: int = 0,
+    greedy: bool = True,
     on_step: Callable[[int, Policy], None] | None = None,
 ) -> dict:
     """One method at one seed: `cfg.steps` rollouts from `model_dir`. Returns per-step rows (rollout
     reward, clip fraction, per-bin token stats of step 1), exact evaluations of `eval_rows` at step 0,
-    every `eval_every` steps and the end, and the sampled / greedy evaluation of `sampled_rows` at the
-    end (`sampled_n` samples each, with the uniforms of `eval_seed`: the same numbers for every run)."""
-    import time
-
+    every `eval_every` steps and the end, the sampled (and, with `greedy`, greedy) evaluation of
+    `sampled_rows` at the end (`sampled_n` samples each, with the uniforms of `eval_seed`: the same numbers
+    for every run), and `timings`: the seconds of each phase."""
     start = time.time()
-    policy = Policy(model_dir, cfg.threads)
-    reference = Policy(model_dir, cfg.threads) if cfg.kl_coef else None
-    trainer = Trainer(policy, reference, method, cfg)
+    timer = Timer()
+    with timer("model load"):
+        policy = Policy(model_dir, cfg.threads)
+        reference = Policy(model_dir, cfg.threads) if cfg.kl_coef else None
+        trainer = Trainer(policy, reference, method, cfg)
     steps: list[dict] = []
-    evals = [{"step": 0, **exact_eval(policy, eval_rows)}] if eval_rows else []
+    with timer("exact evaluation"):
+        evals = [{"step": 0, **exact_eval(policy, eval_rows)}] if eval_rows else []
     for step in range(1, cfg.steps + 1):
         rows = step_prompts(task, seed, step, cfg.prompts)
         uniforms = step_uniforms(seed, step, cfg.prompts * cfg.samples, cfg.max_new_tokens)
-        rollout = make_rollout(policy, task, rows, cfg.samples, uniforms, cfg.max_new_tokens)
-        batch = trainer.update(rollout, derived_seed(seed, "order", step))
+        with timer("generation and reward"):
+            rollout = make_rollout(policy, task, rows, cfg.samples, uniforms, cfg.max_new_tokens)
+        # the log-probs after the update are read only by step 1's per-token statistics
+        batch = trainer.update(rollout, derived_seed(seed, "order", step), after=step == 1, timer=timer)
         informative = (rollout.rewards.reshape(-1, cfg.samples).std(-1) > 0).float().mean().item()
         row = {
             "step": step,
@@ -494,14 +535,22 @@ def run(
             flush=True,
         )
         if eval_rows and eval_every and step % eval_every == 0 and step != cfg.steps:
-            evals.append({"step": step, **exact_eval(policy, eval_rows)})
+            with timer("exact evaluation"):
+                evals.append({"step": step, **exact_eval(policy, eval_rows)})
         if on_step is not None:
             on_step(step, policy)
     if eval_rows:
-        evals.append({"step": cfg.steps, **exact_eval(policy, eval_rows)})
+        with timer("exact evaluation"):
+            evals.append({"step": cfg.steps, **exact_eval(policy, eval_rows)})
     result = {"method": method, "seed": seed, "config": asdict(cfg), "steps": steps, "exact": evals}
     if sampled_rows:
-        result["sampled"] = sampled_eval(policy, task, sampled_rows, sampled_n, eval_seed, cfg.max_new_tokens)
-        result["greedy"] = sampled_eval(policy, task, sampled_rows, 1, eval_seed, cfg.max_new_tokens, greedy=True)
+        with timer("sampled evaluation"):
+            result["sampled"] = sampled_eval(policy, task, sampled_rows, sampled_n, eval_seed, cfg.max_new_tokens)
+        if greedy:
+            with timer("greedy evaluation"):
+                result["greedy"] = sampled_eval(
+                    policy, task, sampled_rows, 1, eval_seed, cfg.max_new_tokens, greedy=True
+                )
     result["seconds"] = round(time.time() - start, 1)
+    result["timings"] = timer.rounded()
     return result
