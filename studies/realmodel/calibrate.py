@@ -118,6 +118,22 @@ BINARY: dict[str, Candidate] = {
     "word_sequence_reversal 3-4 words, 4 shots, exact": Candidate(
         ("--tasks", "word_sequence_reversal", "--shots", "4", *_words("word_sequence_reversal", 3, 4)), "exact"
     ),
+    "word_sequence_reversal 2-3 words, 8 shots, exact": Candidate(
+        ("--tasks", "word_sequence_reversal", "--shots", "8", *_words("word_sequence_reversal", 2, 3)), "exact"
+    ),
+    "word_sequence_reversal 2 words, 8 shots, exact": Candidate(
+        ("--tasks", "word_sequence_reversal", "--shots", "8", *_words("word_sequence_reversal", 2, 2)), "exact"
+    ),
+    "chain_sum 2 terms 1-2 digits, 8 shots, exact": Candidate(
+        (
+            "--tasks",
+            "chain_sum",
+            "--shots",
+            "8",
+            *_opts("chain_sum", min_terms=2, max_terms=2, min_digits=1, max_digits=2),
+        ),
+        "exact",
+    ),
     "word_sorting 3 words, 4 shots, exact": Candidate(
         ("--tasks", "word_sorting", "--shots", "4", *_words("word_sorting", 3, 3)), "exact"
     ),
@@ -236,7 +252,7 @@ def calibrate_binary(rows: int, samples: int, only: list[str] | None) -> int:
     reply's exact probability and entropy. A candidate that fails the shortcut audit is not calibrated."""
     import audit
 
-    policy = loop.Policy(MODEL)
+    policy = loop.Policy(MODEL, shared_prefix=True)  # the few-shot turns run once a batch (loop.Policy)
     path = ENTROPY_RESULTS / "calibration.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     for name, candidate in BINARY.items():

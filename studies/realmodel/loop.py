@@ -176,6 +176,124 @@ def pack(
     return torch.cat([ids, reply_ids], 1), torch.cat([mask, action_mask.long()], 1), action_mask
 
 
+def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """The length of the token prefix every row starts with, leaving each row at least one token of its own (the
+    last prompt token, whose logits predict the first reply token, must be in the rows' own part)."""
+    if not rows:
+        return 0
+    first, n = rows[0], min(len(r) for r in rows) - 1
+    for row in rows[1:]:
+        k = 0
+        while k < n and row[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+@dataclass
+class Packed:
+    """A batch in OpenRLHF's layout (`pack`), its prompts cut after a shared prefix: sequences (N, S + width) =
+    the rest of each prompt, left-padded | the reply, right-padded; attention_mask over real tokens; action_mask
+    (N, width). `prefix`: the token ids every prompt started with ([] when not shared), run once per forward."""
+
+    sequences: Tensor
+    attention: Tensor
+    action: Tensor
+    prefix: list[int]
+
+    def select(self, idx: Tensor) -> Packed:
+        return Packed(self.sequences[idx], self.attention[idx], self.action[idx], self.prefix)
+
+
+def prefix_cache(model, prefix: Sequence[int], rows: int):
+    """A DynamicCache holding the prefix's keys and values for `rows` rows: one forward pass of one row, expanded
+    (a view: the rows share the tensors, and under autograd their gradients sum into the one pass)."""
+    from transformers import DynamicCache
+
+    out = model(torch.tensor([list(prefix)]), use_cache=True)
+    cache = DynamicCache()
+    for i, layer in enumerate(out.past_key_values.layers):
+        cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i)
+    return cache
+
+
+def prefixed_logits(model, prefix: Sequence[int], ids: Tensor, mask: Tensor) -> Tensor:
+    """(N, W, V) float32 logits of `ids` (N, W) after the shared `prefix`: positions and the attention mask over
+    prefix + ids as OpenRLHF's Actor computes them for the whole sequence (cumsum of the mask - 1), so each row
+    sees exactly the keys it would see unshared. Exact up to float32 rounding (a causal model's keys and values
+    over a prefix do not depend on what follows it)."""
+    n, length = ids.shape[0], len(prefix)
+    full = torch.cat([torch.ones(n, length, dtype=mask.dtype), mask], 1)
+    position_ids = full.long().cumsum(-1) - 1
+    position_ids.masked_fill_(full == 0, 1)
+    cache = prefix_cache(model, prefix, n)
+    out = model(ids, attention_mask=full, position_ids=position_ids[:, length:], past_key_values=cache)
+    return out.logits.float()
+
+
+def draw(scores: Tensor, uniforms: Tensor | None) -> Tensor:
+    """(N,) next tokens: the inverse-CDF draw of each row's softmax(scores) with its uniform (InverseCDF's
+    arithmetic), or the argmax when `uniforms` is None."""
+    if uniforms is None:
+        return scores.argmax(-1)
+    cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)
+    target = uniforms[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).clamp_(max=scores.shape[-1] - 1)[:, 0]
+
+
+@torch.no_grad()
+def decode_replies(
+    model,
+    prefix: Sequence[int],
+    rest_ids: Sequence[Sequence[int]],
+    uniforms: Tensor | None,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    batch_rows: int = 128,
+) -> list[list[int]]:
+    """generate_replies after a shared prefix: each prompt's reply (up to and including the first end token),
+    drawn with `uniforms` (rows aligned with rest_ids) or greedy when None. A KV-cached decoding loop of its own
+    (Hugging Face's `generate` cannot start from a cache that is shared by all rows); the prefix is run once."""
+    model.eval()
+    replies: list[list[int]] = []
+    for start in range(0, len(rest_ids), batch_rows):
+        chunk = rest_ids[start : start + batch_rows]
+        ids, mask = left_pad(chunk, pad_id)
+        n, length = len(chunk), len(prefix)
+        full = torch.cat([torch.ones(n, length, dtype=mask.dtype), mask], 1)
+        position_ids = full.cumsum(-1) - 1
+        position_ids.masked_fill_(full == 0, 1)
+        cache = prefix_cache(model, prefix, n)
+        out = model(
+            ids, attention_mask=full, position_ids=position_ids[:, length:], past_key_values=cache, use_cache=True
+        )
+        u = uniforms[start : start + n] if uniforms is not None else None
+        rows: list[list[int]] = [[] for _ in range(n)]
+        done = torch.zeros(n, dtype=torch.bool)
+        next_position = position_ids[:, -1:] + 1
+        for t in range(max_new_tokens):
+            token = draw(out.logits[:, -1].float(), u[:, t] if u is not None else None)
+            token = torch.where(done, torch.full_like(token, pad_id), token)
+            for i in range(n):
+                if not done[i]:
+                    rows[i].append(int(token[i]))
+            done |= torch.isin(token, torch.tensor(list(eos_ids)))
+            if bool(done.all()) or t + 1 == max_new_tokens:
+                break
+            full = torch.cat([full, torch.ones(n, 1, dtype=full.dtype)], 1)
+            out = model(
+                token[:, None],
+                attention_mask=full,
+                position_ids=next_position,
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            next_position = next_position + 1
+        replies += rows
+    return replies
+
+
 def group_advantages(rewards: Tensor, samples: int) -> Tensor:
     """(N,) group-normalised advantages, as OpenRLHF 0.11.2's group_norm: (r - mean) / (std + 1e-9)."""
     r = rewards.reshape(-1, samples)
@@ -236,9 +354,15 @@ def canonical_reply(row: dict) -> str:
 
 
 class Policy:
-    """A causal LM with its tokenizer, wrapped in OpenRLHF's Actor (log-probs as the trainer takes them)."""
+    """A causal LM with its tokenizer, wrapped in OpenRLHF's Actor (log-probs as the trainer takes them).
 
-    def __init__(self, model_dir: Path, threads: int = 2) -> None:
+    shared_prefix: run the token prefix all prompts of a batch start with (a task's few-shot turns) once per
+    forward pass and share its keys and values (`prefixed_logits`, `decode_replies`): the same numbers up to
+    float32 rounding, at the cost of the prompts' own tokens only. The log-probs and entropies then follow the
+    Actor's arithmetic (OpenRLHF's log_probs_from_logits and compute_entropy on the float32 logits) outside its
+    forward, which takes no cache. Off: every pass is the Actor's (and Hugging Face's `generate`)."""
+
+    def __init__(self, model_dir: Path, threads: int = 2, shared_prefix: bool = False) -> None:
         from openrlhf.models import Actor
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -250,6 +374,63 @@ class Policy:
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.shared_prefix = shared_prefix
+
+    def pack(self, prompt_ids: Sequence[Sequence[int]], replies: Sequence[Sequence[int]]) -> Packed:
+        """The batch in OpenRLHF's layout (`pack`, replies right-padded to the longest), the shared prefix cut off
+        the prompts when this policy shares it."""
+        width = max(len(r) for r in replies)
+        length = shared_prefix_length(prompt_ids) if self.shared_prefix else 0
+        sequences, attention, action = pack([p[length:] for p in prompt_ids], replies, self.pad_id, width)
+        return Packed(sequences, attention, action, list(prompt_ids[0][:length]) if length else [])
+
+    def forward(self, batch: Packed, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """(N, width) action log-probs, zero off the action mask (and the entropies of those positions' next-token
+        distributions), as the Actor returns them; gradients as the caller's context allows."""
+        width = batch.action.shape[1]
+        if not batch.prefix:
+            if entropy:
+                lp, output = self.actor(
+                    batch.sequences,
+                    batch.action,
+                    attention_mask=batch.attention,
+                    return_output=True,
+                    return_entropy=True,
+                )
+                return lp, output.entropy[:, -width:]
+            return self.actor(batch.sequences, batch.action, attention_mask=batch.attention), None
+        from openrlhf.models.utils import compute_entropy, log_probs_from_logits
+
+        logits = prefixed_logits(self.model, batch.prefix, batch.sequences, batch.attention)
+        rolled = torch.roll(batch.sequences, shifts=-1, dims=1)  # the Actor's: logits at t score token t + 1
+        lp = log_probs_from_logits(logits, rolled)[:, :-1][:, -width:] * batch.action.float()
+        ent = compute_entropy(logits)[:, :-1][:, -width:] if entropy else None
+        return lp, ent
+
+    @torch.no_grad()
+    def packed_log_probs(
+        self, batch: Packed, batch_rows: int = 16, entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """`forward` without gradients, `batch_rows` rows at a time."""
+        self.model.eval()
+        out, ent = [], []
+        for s in range(0, len(batch.sequences), batch_rows):
+            lp, e = self.forward(batch.select(slice(s, s + batch_rows)), entropy=entropy)
+            out.append(lp)
+            ent.append(e)
+        return (torch.cat(out), torch.cat(ent)) if entropy else torch.cat(out)
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], uniforms: Tensor | None, max_new_tokens: int
+    ) -> list[list[int]]:
+        """Each prompt's reply: `generate_replies`, or `decode_replies` after the shared prefix."""
+        if not self.shared_prefix:
+            return generate_replies(self.model, prompt_ids, uniforms, max_new_tokens, self.eos_ids, self.pad_id)
+        length = shared_prefix_length(prompt_ids)
+        rest = [p[length:] for p in prompt_ids]
+        return decode_replies(
+            self.model, prompt_ids[0][:length], rest, uniforms, max_new_tokens, self.eos_ids, self.pad_id
+        )
 
     def prompt_text(self, row: dict) -> str:
         chat = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
@@ -304,9 +485,9 @@ def exact_eval(policy: Policy, rows: Sequence[dict]) -> dict[str, float]:
     the same positions for every policy); log_p_correct = mean log-probability of the reply."""
     prompts = [policy.encode(policy.prompt_text(r)) for r in rows]
     replies = [policy.encode(canonical_reply(r)) + policy.eos_ids[:1] for r in rows]
-    width = max(len(r) for r in replies)
-    sequences, attention, action = pack(prompts, replies, policy.pad_id, width)
-    lp, ent = policy.log_probs(sequences, attention, action, entropy=True)
+    batch = policy.pack(prompts, replies)
+    lp, ent = policy.packed_log_probs(batch, entropy=True)
+    action = batch.action
     seq_lp = (lp * action).sum(-1)
     seq_ent = (ent * action).sum(-1) / action.sum(-1)
     return {
@@ -356,7 +537,7 @@ def sample_and_score(
     texts = [policy.prompt_text(r) for r in rows]
     ids = [policy.encode(t) for t in texts]
     prompt_ids = [p for p in ids for _ in range(samples)]
-    replies = generate_replies(policy.model, prompt_ids, uniforms, max_new_tokens, policy.eos_ids, policy.pad_id)
+    replies = policy.generate(prompt_ids, uniforms, max_new_tokens)
     prompts_x = [t for t in texts for _ in range(samples)]
     labels = [r["label"] for r in rows for _ in range(samples)]
     scores = task.reward_fn([p + policy.decode(r) for p, r in zip(prompts_x, replies)], prompts_x, labels)
@@ -401,29 +582,23 @@ class Trainer:
         from openrlhf.models.loss import aggregate_loss
         from openrlhf.models.utils import compute_approx_kl
 
-        cfg, actor = self.cfg, self.policy.actor
-        width = max(len(r) for r in rollout.replies)
-        sequences, attention, action = pack(rollout.prompt_ids, rollout.replies, self.policy.pad_id, width)
+        cfg = self.cfg
+        batch = self.policy.pack(rollout.prompt_ids, rollout.replies)
+        action = batch.action
         with timer("old log-probs"):
-            old = self.policy.log_probs(sequences, attention, action) if old is None else old
+            old = self.policy.packed_log_probs(batch) if old is None else old
         with timer("reference log-probs"):
-            ref = self.reference.log_probs(sequences, attention, action) if self.reference is not None else None
+            ref = self.reference.packed_log_probs(batch) if self.reference is not None else None
         adv = rollout.advantages[:, None].expand_as(old).contiguous()
         needs_entropy = getattr(self.loss_fn, "needs_entropy", False)
         gen = torch.Generator().manual_seed(order_seed)
         clip_fracs = []
         with timer("update"):
             for _epoch in range(cfg.epochs):
-                for idx in torch.randperm(len(sequences), generator=gen).chunk(cfg.minibatches):
-                    actor.train()
-                    log_probs, output = actor(
-                        sequences[idx],
-                        action[idx],
-                        attention_mask=attention[idx],
-                        return_output=True,
-                        return_entropy=needs_entropy,
-                    )
-                    extra = {"entropy": output.entropy[:, -width:].detach()} if needs_entropy else {}
+                for idx in torch.randperm(len(batch.sequences), generator=gen).chunk(cfg.minibatches):
+                    self.policy.model.train()
+                    log_probs, entropy = self.policy.forward(batch.select(idx), entropy=needs_entropy)
+                    extra = {"entropy": entropy.detach()} if needs_entropy else {}
                     policy_loss, clip_ratio, *_ = self.loss_fn(
                         log_probs, old[idx], adv[idx], action_mask=action[idx], **extra
                     )
@@ -440,7 +615,7 @@ class Trainer:
         new = None
         if after:
             with timer("log-probs after"):
-                new = self.policy.log_probs(sequences, attention, action)
+                new = self.policy.packed_log_probs(batch)
         lower, upper = self.bounds_of(old) if self.bounds_of is not None else (None, None)
         return {
             "old": old,
@@ -494,18 +669,20 @@ def run(
     eval_seed: int = 0,
     eval_every: int = 0,
     greedy: bool = True,
+    shared_prefix: bool = False,
     on_step: Callable[[int, Policy], None] | None = None,
 ) -> dict:
     """One method at one seed: `cfg.steps` rollouts from `model_dir`. Returns per-step rows (rollout
     reward, clip fraction, per-bin token stats of step 1), exact evaluations of `eval_rows` at step 0,
     every `eval_every` steps and the end, the sampled (and, with `greedy`, greedy) evaluation of
     `sampled_rows` at the end (`sampled_n` samples each, with the uniforms of `eval_seed`: the same numbers
-    for every run), and `timings`: the seconds of each phase."""
+    for every run), and `timings`: the seconds of each phase. `shared_prefix`: Policy's (the few-shot turns
+    run once a forward pass)."""
     start = time.time()
     timer = Timer()
     with timer("model load"):
-        policy = Policy(model_dir, cfg.threads)
-        reference = Policy(model_dir, cfg.threads) if cfg.kl_coef else None
+        policy = Policy(model_dir, cfg.threads, shared_prefix)
+        reference = Policy(model_dir, cfg.threads, shared_prefix) if cfg.kl_coef else None
         trainer = Trainer(policy, reference, method, cfg)
     steps: list[dict] = []
     with timer("exact evaluation"):

@@ -165,3 +165,70 @@ def test_the_sampler_inside_generate_matches_teacher_forced_probabilities():
         freq = counts[reply] / n
         se = math.sqrt(prob * (1 - prob) / n)
         assert abs(freq - prob) < 5 * se, (reply, freq, prob, se)
+
+
+def _few_shot_prompts(policy: loop.Policy, n: int) -> list[list[int]]:
+    """n chat prompts that share two solved turns (a task's shots) and differ in their last question, of several
+    lengths (so the rows' own parts are left-padded)."""
+    shots = [{"role": "user", "content": "What is 2 plus 3?"}, {"role": "assistant", "content": "<answer>5</answer>"}]
+    questions = [f"What is {i} plus {7 * i}?" if i % 2 else f"What is {i}?" for i in range(n)]
+    return [policy.encode(policy.prompt_text({"prompt": [*shots, {"role": "user", "content": q}]})) for q in questions]
+
+
+def test_the_shared_prefix_path_gives_the_actors_replies_log_probs_entropies_and_gradients():
+    """The shared prefix (loop.Policy(shared_prefix=True): the few-shot turns run once a pass, their keys and
+    values shared) against OpenRLHF's Actor and Hugging Face's generate on whole sequences: the same sampled and
+    greedy replies token for token; log-probs and entropies within 1e-4 nats and parameter gradients within 1e-4
+    of their largest entry. float32 rounding through this 2-layer, 64-wide model moves a logit by ~5e-6 (the
+    prefix's GEMMs run on one row instead of N: another summation order); a position off by one, a mask that
+    hides or shows a wrong key or a prefix from another prompt moves log-probs by > 1e-2 (the last is checked)."""
+    whole, shared = loop.Policy(MODEL, threads=1), loop.Policy(MODEL, threads=1, shared_prefix=True)
+    prompts = _few_shot_prompts(whole, 6)
+    length = loop.shared_prefix_length(prompts)
+    assert 0 < length < min(map(len, prompts)) and len({len(p) for p in prompts}) > 1
+    uniforms = loop.step_uniforms(3, 1, len(prompts), 8)
+    replies = loop.generate_replies(whole.model, prompts, uniforms, 8, whole.eos_ids, whole.pad_id)
+    assert shared.generate(prompts, uniforms, 8) == replies
+    greedy = loop.generate_replies(whole.model, prompts, None, 8, whole.eos_ids, whole.pad_id)
+    assert shared.generate(prompts, None, 8) == greedy
+
+    a, b = whole.pack(prompts, replies), shared.pack(prompts, replies)
+    assert not a.prefix and b.prefix == prompts[0][:length]
+    assert torch.equal(a.action, b.action)
+    lp_a, ent_a = whole.packed_log_probs(a, entropy=True)
+    lp_b, ent_b = shared.packed_log_probs(b, entropy=True)
+    live = a.action.bool()
+    assert (lp_a - lp_b)[live].abs().max() < 1e-4
+    assert (ent_a - ent_b)[live].abs().max() < 1e-4
+    # the same function is differentiated: every parameter's gradient of the summed log-probs
+    for policy, batch in ((whole, a), (shared, b)):
+        policy.model.zero_grad()
+        policy.forward(batch)[0].sum().backward()
+    for (name, p), q in zip(whole.model.named_parameters(), shared.model.parameters()):
+        assert (p.grad - q.grad).abs().max() <= 1e-4 * p.grad.abs().max(), name
+    # a prefix that is not the rows' own (one token dropped) is seen
+    wrong = loop.Packed(b.sequences, b.attention, b.action, b.prefix[1:])
+    assert (shared.packed_log_probs(wrong) - lp_b)[live].abs().max() > 1e-2
+
+
+def test_step1_rollouts_are_identical_across_the_entropy_studys_arms_with_the_shared_prefix():
+    """Exact pairing in the entropy study's setting (the shared prefix on): every arm and probe arm samples the
+    same step-1 replies at one seed, and another seed does not."""
+    import entropy_study
+
+    policy = loop.Policy(MODEL, threads=1)
+    shots = [{"role": "user", "content": "What is 2 plus 3?"}, {"role": "assistant", "content": "<answer>5</answer>"}]
+    train = [
+        {"prompt": [*shots, {"role": "user", "content": f"What is {i} plus {i + 1}?"}], "label": ""} for i in range(8)
+    ]
+    base = _task()
+    task = loop.Task(train, [], base.reward_fn)
+    assert loop.shared_prefix_length([policy.encode(policy.prompt_text(r)) for r in train]) > 0
+
+    def first_step(method: str, seed: int) -> str:
+        return loop.run(MODEL, task, method, seed, _cfg(1), shared_prefix=True)["steps"][0]["replies_sha"]
+
+    arms = (*entropy_study.ARMS, *entropy_study.PROBE_EXTRA)
+    shas = {arm: first_step(arm, 0) for arm in arms}
+    assert len(set(shas.values())) == 1, shas
+    assert first_step("clip", 1) != shas["clip"]
