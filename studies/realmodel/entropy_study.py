@@ -1,0 +1,390 @@
+"""The entropy study: does the band keep a real model's entropy higher than clip, and does the floor fix it if
+not? SmolLM2-135M-Instruct through studies/realmodel/loop.py (exactly paired: seeded sampling, OpenRLHF's
+Actor, the methods' real losses) on a binary-reward task that passes the shortcut audit.
+
+    .venv-e2e/bin/python studies/realmodel/entropy_study.py profile   one short run timed (results/entropy/profile.json)
+    .venv-e2e/bin/python studies/realmodel/entropy_study.py pilot     clip alone, 24 steps (results/entropy/pilot/)
+    .venv-e2e/bin/python studies/realmodel/entropy_study.py probe     the replay probe (results/entropy/probe.json)
+    .venv-e2e/bin/python studies/realmodel/entropy_study.py run       the study, block by block (make realmodel-entropy)
+    .venv-e2e/bin/python studies/realmodel/entropy_study.py report    tables from the committed ledger
+
+The design, the outcomes, the stopping rule and the halts are pre-registered in results/entropy/protocol.md:
+`run` refuses to start while that file has changes git has not committed, and stamps each ledger entry with the
+protocol's last commit. A block is one seed, every arm; `touch out/realmodel/STOP` stops it before its next
+run (the run in progress finishes; the ledger keeps every finished run: run it again to go on). One run at a
+time, never beside a test suite. Nothing here runs in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import audit  # noqa: E402
+import calibrate  # noqa: E402
+import loop  # noqa: E402
+from paired_runs import Ledger, Stop, interval, markdown_table, run_seeds  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "studies" / "realmodel" / "results" / "entropy"
+LEDGER = RESULTS / "runs"
+PROTOCOL = RESULTS / "protocol.md"
+WORK = ROOT / "out" / "realmodel"
+
+#: the calibrated task (results/entropy/calibration.md), a name in calibrate.BINARY
+TASK = "word_sequence_reversal 2-3 words, 4 shots, exact"
+ARMS = ("clip", "band-kl", "band-kl-floor")
+#: the probe's candidates for a fourth arm (protocol.md: one joins only if the probe separates it from band-kl)
+PROBE_EXTRA = ("clip-higher", "band-chi2")
+EXACT_ROWS = 128  # held-out rows of the exact (teacher-forced) evaluations
+SAMPLED_ROWS, SAMPLED_N = 128, 2  # the final held-out sampled evaluation (the validity halt reads it)
+EVAL_EVERY = 6  # exact evaluations at steps 0, 6, 12, 18, 24
+MIN_BLOCKS, MAX_BLOCKS = 4, 8
+HALF_WIDTH = 0.05  # nats: the primary's precision stop
+PILOT_SEED, PROBE_SEEDS = 100, (1000, 1001, 1002, 1003)  # outside the study's seeds 0..7
+CONFIG = loop.LoopConfig(steps=24, prompts=8, samples=8, minibatches=8, lr=3e-5, max_new_tokens=24)
+
+
+def task() -> tuple[loop.Task, list[dict]]:
+    """(task, held-out rows): the calibrated candidate's data; exits in one line when it fails the shortcut audit."""
+    candidate = calibrate.BINARY[TASK]
+    t, held = calibrate.study_split(candidate, WORK / "entropy-data")
+    line = audit.refusal(TASK, audit.audit(held, t.train, t.reward_fn))
+    if line is not None:
+        raise SystemExit(line)
+    if len(held) < max(EXACT_ROWS, SAMPLED_ROWS):
+        raise SystemExit(f"{TASK}: {len(held)} held-out rows, the study needs {max(EXACT_ROWS, SAMPLED_ROWS)}")
+    return t, held
+
+
+def settings(cfg: loop.LoopConfig = CONFIG) -> dict:
+    """What makes two runs comparable (a ledger entry is reused only when its settings equal these)."""
+    return json.loads(
+        json.dumps(
+            {
+                "task": TASK,
+                "candidate": calibrate.BINARY[TASK].describe(),
+                "exact_rows": EXACT_ROWS,
+                "sampled_rows": SAMPLED_ROWS,
+                "sampled_n": SAMPLED_N,
+                "eval_every": EVAL_EVERY,
+                "shared_prefix": True,
+                "config": asdict(cfg),
+                "model": "smollm2-135m-instruct",
+            }
+        )
+    )
+
+
+def run_one(method: str, seed: int, cfg: LoopConfig | None = None, save_mid: Path | None = None) -> dict:
+    """One run of `method` at `seed` (the study's config unless `cfg`); `save_mid`: write the step-6 weights there."""
+    cfg = cfg or CONFIG
+    t, held = task()
+
+    def on_step(step: int, policy: loop.Policy) -> None:
+        if save_mid is not None and step == EVAL_EVERY:
+            policy.model.save_pretrained(save_mid)
+            policy.tokenizer.save_pretrained(save_mid)
+
+    result = loop.run(
+        calibrate.MODEL,
+        t,
+        method,
+        seed,
+        cfg,
+        eval_rows=held[:EXACT_ROWS],
+        sampled_rows=held[:SAMPLED_ROWS],
+        sampled_n=SAMPLED_N,
+        eval_every=EVAL_EVERY,
+        greedy=False,
+        shared_prefix=True,
+        on_step=on_step,
+    )
+    result["settings"] = settings(cfg)
+    return result
+
+
+LoopConfig = loop.LoopConfig
+
+
+# ---------------------------------------------------------------------------------------------- outcomes
+def mean_entropy(run: dict) -> float:
+    """The primary's per-run value: mean exact entropy (nats) over the evaluations at steps 6..24."""
+    return statistics.fmean(e["entropy"] for e in run["exact"] if e["step"] >= EVAL_EVERY)
+
+
+def final_p_correct(run: dict) -> float:
+    return run["exact"][-1]["mean_p_correct"]
+
+
+#: name -> (arm, baseline, per-run value); the primary first; Holm across all four (protocol.md)
+OUTCOMES = {
+    "primary: band-kl - clip, mean exact entropy steps 6-24 (nats)": ("band-kl", "clip", mean_entropy),
+    "secondary: band-kl-floor - clip, mean exact entropy steps 6-24 (nats)": ("band-kl-floor", "clip", mean_entropy),
+    "band-kl - clip, final exact p(correct)": ("band-kl", "clip", final_p_correct),
+    "band-kl-floor - clip, final exact p(correct)": ("band-kl-floor", "clip", final_p_correct),
+}
+
+
+def t_test_p(values: list[float]) -> float | None:
+    """Two-sided p-value of the paired t test (mean 0), from Student's t CDF as a regularised incomplete beta."""
+    n = len(values)
+    if n < 2:
+        return None
+    sd = statistics.stdev(values)
+    if sd == 0:
+        return 0.0 if statistics.fmean(values) != 0 else 1.0
+    t = statistics.fmean(values) / (sd / math.sqrt(n))
+    df = n - 1
+    import mpmath
+
+    return float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True))
+
+
+def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
+    """Holm-adjusted p-values (step-down, monotone), over the outcomes that have one."""
+    have = sorted((p, k) for k, p in pvalues.items() if p is not None)
+    out: dict[str, float | None] = dict.fromkeys(pvalues)
+    running = 0.0
+    for i, (p, k) in enumerate(have):
+        running = max(running, min(1.0, (len(have) - i) * p))
+        out[k] = running
+    return out
+
+
+def blocks() -> dict[int, dict[str, dict]]:
+    """seed -> arm -> run, for the ledger's entries with the study's settings."""
+    out: dict[int, dict[str, dict]] = {}
+    for arm, by_seed in Ledger(LEDGER).runs(ARMS, settings()).items():
+        for seed, run in by_seed.items():
+            out.setdefault(seed, {})[arm] = run
+    return out
+
+
+def outcomes() -> dict:
+    """Each outcome over the complete blocks: per-seed differences, mean, sd, 95% interval, t-test and Holm p."""
+    complete = {s: b for s, b in blocks().items() if all(a in b for a in ARMS)}
+    seeds = sorted(complete)
+    out = {}
+    for name, (arm, base, value) in OUTCOMES.items():
+        diffs = [value(complete[s][arm]) - value(complete[s][base]) for s in seeds]
+        out[name] = {"seeds": seeds, "diffs": diffs, **interval(diffs), "p": t_test_p(diffs)}
+    adjusted = holm({k: v["p"] for k, v in out.items()})
+    for k in out:
+        out[k]["p_holm"] = adjusted[k]
+    return out
+
+
+def primary(result: dict) -> dict:
+    return next(iter(result.values()))
+
+
+def stopping_rule(result: dict) -> str | None:
+    """protocol.md's rule: at most MAX_BLOCKS blocks; from MIN_BLOCKS on, stop when the primary's 95% interval
+    excludes 0 or its half-width is under HALF_WIDTH nats. Returns why it stops, or None."""
+    p = primary(result)
+    if p["n"] >= MAX_BLOCKS:
+        return f"{MAX_BLOCKS} blocks"
+    if p["n"] < MIN_BLOCKS or p["ci95"] is None:
+        return None
+    lo, hi = p["ci95"]
+    if lo > 0 or hi < 0:
+        return f"the primary's 95% interval [{lo:+.4f}, {hi:+.4f}] excludes 0"
+    if (hi - lo) / 2 < HALF_WIDTH:
+        return f"the primary's half-width {(hi - lo) / 2:.4f} < {HALF_WIDTH} nats"
+    return None
+
+
+def validity_halt() -> str | None:
+    """protocol.md's halts, on clip's runs: its final held-out sampled reward within 10% of an audited trivial
+    policy's nonzero score, or fewer than 25% of its groups carrying a gradient over steps 10-12."""
+    t, held = task()
+    check = audit.audit(held, t.train, t.reward_fn)
+    shortcuts = {k: v["mean_reward"] for k, v in check["policies"].items() if v["mean_reward"] > 0}
+    for seed, b in sorted(blocks().items()):
+        clip = b.get("clip")
+        if clip is None:
+            continue
+        final = clip["sampled"]["mean_reward"]
+        for name, score in shortcuts.items():
+            if abs(final - score) <= 0.1 * score:
+                return f"clip seed {seed} ends at {final:.3f}, within 10% of the trivial policy {name!r} ({score:.3f})"
+        late = [s["informative_groups"] for s in clip["steps"] if 10 <= s["step"] <= 12]
+        if late and statistics.fmean(late) < 0.25:
+            share = statistics.fmean(late)
+            return f"clip seed {seed}: {share:.2f} of groups carry a gradient over steps 10-12 (< 0.25)"
+    return None
+
+
+def pairing_check() -> list[str]:
+    """Seeds whose step-1 rollouts differ across arms (the design makes them identical): empty when exact."""
+    bad = []
+    for seed, b in sorted(blocks().items()):
+        shas = {arm: run["steps"][0]["replies_sha"] for arm, run in b.items()}
+        if len(set(shas.values())) > 1:
+            bad.append(f"seed {seed}: {shas}")
+    return bad
+
+
+# ---------------------------------------------------------------------------------------------- protocol
+def protocol_commit() -> str:
+    """The last commit of protocol.md; exits when the file has uncommitted changes or was never committed."""
+    rel = PROTOCOL.relative_to(ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", str(rel)], cwd=ROOT, capture_output=True, text=True)
+    commit = subprocess.run(
+        ["git", "log", "-1", "--format=%H", "--", str(rel)], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    if dirty.stdout.strip() or not commit:
+        raise SystemExit(f"{rel}: commit the protocol (and any dated amendment) before the study runs")
+    return commit
+
+
+def run_main(max_blocks: int) -> int:
+    commit = protocol_commit()
+    task()  # the audit, before any run
+
+    def run(method: str, seed: int) -> bool:
+        print(f"[entropy] {method} seed {seed}", flush=True)
+        r = run_one(method, seed)
+        r["protocol_commit"] = commit
+        Ledger(LEDGER).write(method, seed, r)
+        print(
+            f"[entropy] {method} seed {seed}: entropy {r['exact'][0]['entropy']:.3f} -> {r['exact'][-1]['entropy']:.3f}"
+            f" nats, {r['seconds']:.0f} s",
+            flush=True,
+        )
+        return True
+
+    def rule() -> str | None:
+        return validity_halt() or stopping_rule(outcomes())
+
+    stop = Stop(WORK / "STOP", said="STOP file: stopping", status=0, consumed=False, at_once=True)
+    return run_seeds(
+        range(min(max_blocks, MAX_BLOCKS)),
+        ARMS,
+        finished=lambda method, seed: Ledger(LEDGER).entry(method, seed, settings()) is not None,
+        run=run,
+        stop=stop,
+        log="[entropy]",
+        stopping_rule=rule,
+        after_seed=lambda seed: report(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- profile, pilot
+def profile_main(steps: int) -> int:
+    """A short clip run with the study's evaluations (the pilot seed): seconds per phase, written to
+    results/entropy/profile.json under the config's name."""
+    cfg = replace(CONFIG, steps=steps)
+    r = run_one("clip", PILOT_SEED, cfg)
+    path = RESULTS / "profile.json"
+    done = json.loads(path.read_text()) if path.exists() else {}
+    done[f"{TASK}, {steps} steps"] = {"settings": r["settings"], "timings": r["timings"], "seconds": r["seconds"]}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(done, indent=1) + "\n")
+    print(json.dumps(done[f"{TASK}, {steps} steps"]["timings"], indent=1), r["seconds"], flush=True)
+    return 0
+
+
+def pilot_main(lr: float, minibatches: int) -> int:
+    """Clip alone at the pilot seed, 24 steps: does its exact entropy fall by at least half? Saves the step-6
+    weights for the probe's mid-training batches."""
+    cfg = replace(CONFIG, lr=lr, minibatches=minibatches)
+    r = run_one("clip", PILOT_SEED, cfg, save_mid=WORK / "entropy-mid-clip")
+    Ledger(RESULTS / "pilot").write(f"clip-lr{lr:g}-mb{minibatches}", PILOT_SEED, r)
+    e = [x["entropy"] for x in r["exact"]]
+    print(f"[pilot] lr {lr:g} minibatches {minibatches}: entropy {e}, {r['seconds']:.0f} s", flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- report
+def report_lines() -> list[str]:
+    rows = []
+    for r in Ledger(LEDGER).entries(settings()):
+        e = r["exact"]
+        rows.append([
+            f"{r['method']} seed {r['seed']}", " -> ".join(f"{x['entropy']:.3f}" for x in e),
+            f"{mean_entropy(r):.3f}", f"{e[0]['mean_p_correct']:.3f} -> {e[-1]['mean_p_correct']:.3f}",
+            f"{r['sampled']['mean_reward']:.3f}",
+            f"{statistics.fmean(s['informative_groups'] for s in r['steps']):.2f}",
+            f"{r['seconds'] / 60:.1f}",
+        ])  # fmt: skip
+    steps = " / ".join(str(s) for s in range(0, CONFIG.steps + 1, EVAL_EVERY))
+    head = [
+        "run",
+        f"exact entropy at steps {steps} (nats)",
+        "mean 6-24",
+        "exact p(correct) start -> end",
+        "held-out sampled reward (end)",
+        "informative groups (mean)",
+        "min",
+    ]
+    lines = markdown_table(head, rows)
+    result = outcomes()
+    table = []
+    for name, o in result.items():
+        ci = f"[{o['ci95'][0]:+.4f}, {o['ci95'][1]:+.4f}]" if o["ci95"] else "-"
+        mean = f"{o['mean']:+.4f}" if o["mean"] is not None else "-"
+        p = f"{o['p']:.3f}" if o["p"] is not None else "-"
+        ph = f"{o['p_holm']:.3f}" if o["p_holm"] is not None else "-"
+        table.append([name, str(o["n"]), mean, ci, p, ph])
+    head = ["outcome (paired by seed)", "blocks", "mean", "95% interval", "p (paired t)", "p (Holm, 4 outcomes)"]
+    lines += ["", *markdown_table(head, table)]
+    bad = pairing_check()
+    lines += [
+        "",
+        f"Stopping rule: {stopping_rule(result) or 'not met'}. Validity halts: {validity_halt() or 'none hit'}. "
+        f"Pairing: {'step-1 rollouts identical across arms in every block' if not bad else '; '.join(bad)}.",
+    ]
+    return lines
+
+
+def report() -> None:
+    lines = ["<!-- written by studies/realmodel/entropy_study.py report from results/entropy/runs; do not edit -->"]
+    lines += ["", *report_lines()]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "study.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / "outcomes.json").write_text(json.dumps(outcomes(), indent=1) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("--max-blocks", type=int, default=MAX_BLOCKS)
+    p = sub.add_parser("profile")
+    p.add_argument("--steps", type=int, default=2)
+    p = sub.add_parser("pilot")
+    p.add_argument("--lr", type=float, default=CONFIG.lr)
+    p.add_argument("--minibatches", type=int, default=CONFIG.minibatches)
+    sub.add_parser("report")
+    args = parser.parse_args()
+    torch.set_num_threads(CONFIG.threads)
+    start = time.time()
+    if args.command == "run":
+        status = run_main(args.max_blocks)
+    elif args.command == "profile":
+        status = profile_main(args.steps)
+    elif args.command == "pilot":
+        status = pilot_main(args.lr, args.minibatches)
+    else:
+        report()
+        status = 0
+    print(f"[entropy] {args.command}: {time.time() - start:.0f} s", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
