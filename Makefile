@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint learn-checkpoint-rebuild learn-study smollm2-study realmodel-calibrate realmodel-probe realmodel-pairs test unit unit-cpu-paths e2e lint demo bench locks clean ci-no-bf16
+.PHONY: venv e2e-venv learn-checkpoint learn-checkpoint-rebuild learn-study smollm2-study realmodel-audit realmodel-calibrate realmodel-probe realmodel-pairs realmodel-entropy test unit unit-cpu-paths e2e lint demo bench locks clean ci-no-bf16
 
 venv: $(STAMP)
 
@@ -107,6 +107,14 @@ realmodel-probe: $(SMOL_MODEL_DIR)/PREPARED.json
 	$(E2E_VENV)/bin/python studies/realmodel/study.py probe
 realmodel-pairs: $(SMOL_MODEL_DIR)/PREPARED.json
 	$(E2E_VENV)/bin/python studies/realmodel/study.py pairs
+
+# The entropy study (docs/smollm2_study.md#the-entropy-study, pre-registered in
+# studies/realmodel/results/entropy/protocol.md): clip, band-kl and band-kl-floor on a binary task that passes the
+# shortcut audit, block by block (a block = one seed, every arm) to the protocol's stopping rule. Each run is
+# written to the ledger studies/realmodel/results/entropy/runs/ as it finishes (commit it); `touch
+# out/realmodel/STOP` stops before the next run, and the target resumes from the ledger. Never beside a test suite.
+realmodel-entropy: $(SMOL_MODEL_DIR)/PREPARED.json
+	$(E2E_VENV)/bin/python studies/realmodel/entropy_study.py run
 
 # One OpenMP thread: the suite runs many small tensor ops, which thread-pool contention on a
 # 2-core machine slows by 10x or more; instead UNIT_WORKERS processes (pytest-xdist, a test file per

@@ -43,7 +43,7 @@ PROTOCOL = RESULTS / "protocol.md"
 WORK = ROOT / "out" / "realmodel"
 
 #: the calibrated task (results/entropy/calibration.md), a name in calibrate.BINARY
-TASK = "word_sequence_reversal 2-3 words, 4 shots, exact"
+TASK = "word_sequence_reversal 2 words, 8 shots, exact"
 ARMS = ("clip", "band-kl", "band-kl-floor")
 #: the probe's candidates for a fourth arm (protocol.md: one joins only if the probe separates it from band-kl)
 PROBE_EXTRA = ("clip-higher", "band-chi2")
@@ -283,17 +283,58 @@ def run_main(max_blocks: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- profile, pilot
-def profile_main(steps: int) -> int:
-    """A short clip run with the study's evaluations (the pilot seed): seconds per phase, written to
-    results/entropy/profile.json under the config's name."""
-    cfg = replace(CONFIG, steps=steps)
-    r = run_one("clip", PILOT_SEED, cfg)
+#: per design: (steps of a full run, exact evaluations in a full run); the profile's short run has 2 evaluations
+FULL_RUN = {"first": (12, 2), "entropy": (CONFIG.steps, CONFIG.steps // EVAL_EVERY + 1)}
+PER_STEP = ("generation and reward", "old log-probs", "update", "log-probs after")
+
+
+def profile_main(design: str, steps: int) -> int:
+    """A short clip run (the pilot seed) timed by phase: `first` = the first paired study as it ran (spell_backward,
+    whole sequences through the Actor, the log-probs after every update, 256 exact rows, 256 x 2 sampled and 256
+    greedy at the end), `entropy` = this study's design. Written to results/entropy/profile.json with the full
+    run it projects (each per-step phase x the run's steps; the first design computed the log-probs after the
+    update at every step, this one at step 1 only)."""
+    if design == "first":
+        import study
+
+        t, exact_rows, sampled_rows = study.task()
+        cfg = replace(study.CONFIG, steps=steps)
+        r = loop.run(calibrate.MODEL, t, "clip", PILOT_SEED, cfg, eval_rows=exact_rows, sampled_rows=sampled_rows,
+                     sampled_n=study.SAMPLED_N, greedy=True)  # fmt: skip
+    else:
+        r = run_one("clip", PILOT_SEED, replace(CONFIG, steps=steps))
+    full_steps, evals = FULL_RUN[design]
+    timings = r["timings"]
+    per_step = {k: timings.get(k, 0.0) / steps for k in PER_STEP if k in timings}
+    if design == "entropy":  # the log-probs after the update: step 1 only
+        per_step["log-probs after"] = timings.get("log-probs after", 0.0) / full_steps
+    else:
+        per_step["log-probs after"] = timings.get("log-probs after", 0.0)  # step 1's, as every step ran it
+    once = {k: v for k, v in timings.items() if k not in PER_STEP}
+    once["exact evaluation"] = timings.get("exact evaluation", 0.0) / 2 * evals
+    projected = {
+        **{k: round(v * full_steps, 1) for k, v in per_step.items()},
+        **{k: round(v, 1) for k, v in once.items()},
+    }
+    entry = {
+        "design": design,
+        "profiled_steps": steps,
+        "timings": timings,
+        "seconds": r["seconds"],
+        "full_run": {
+            "steps": full_steps,
+            "exact_evaluations": evals,
+            "phases": projected,
+            "minutes": round(sum(projected.values()) / 60, 1),
+        },  # fmt: skip
+        "settings": r.get("settings", {"first study": True}),
+    }
     path = RESULTS / "profile.json"
     done = json.loads(path.read_text()) if path.exists() else {}
-    done[f"{TASK}, {steps} steps"] = {"settings": r["settings"], "timings": r["timings"], "seconds": r["seconds"]}
+    done[design] = entry
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(done, indent=1) + "\n")
-    print(json.dumps(done[f"{TASK}, {steps} steps"]["timings"], indent=1), r["seconds"], flush=True)
+    print(json.dumps(entry["full_run"], indent=1), flush=True)
     return 0
 
 
@@ -306,6 +347,132 @@ def pilot_main(lr: float, minibatches: int) -> int:
     e = [x["entropy"] for x in r["exact"]]
     print(f"[pilot] lr {lr:g} minibatches {minibatches}: entropy {e}, {r['seconds']:.0f} s", flush=True)
     return 0
+
+
+# ---------------------------------------------------------------------------------------------- probe
+#: the probe's predictions (protocol.md, committed before it ran): (candidate arm, advantage sign, predicted sign of
+#: candidate - band-kl in the rare tokens' mean change of log-probability)
+PROBE_PREDICTIONS = (
+    ("clip-higher", "pos", -1),
+    ("clip-higher", "neg", +1),
+    ("band-chi2", "pos", -1),
+    ("band-chi2", "neg", 0),
+)
+SEPARATION_NATS = 0.1  # a candidate separates from band-kl: a sign test p < 0.05 and a mean difference above this
+
+
+def probe_main(start_batches: int, mid_batches: int, eval_rows: int) -> int:
+    """The replay probe: each batch (a step-1 rollout of the source weights) updated once (8 mini-batches, one
+    epoch) from identical weights, in the same mini-batch order, by band-kl, the candidates and clip; per-token
+    change of log-probability by old-probability bin and advantage sign, and the held-out exact numbers after."""
+    t, held = task()
+    rows = held[:eval_rows]
+    mid = WORK / "entropy-mid-clip"
+    sources = {"start": calibrate.MODEL}
+    if mid_batches:
+        if not (mid / "config.json").exists():
+            print(f"[probe] no {mid}: run `entropy_study.py pilot` (it saves clip's step-6 weights) first", flush=True)
+            return 2
+        sources["mid-clip"] = mid
+    methods = ("band-kl", *PROBE_EXTRA, "clip")
+    path = RESULTS / "probe.json"
+    done = json.loads(path.read_text()) if path.exists() else {"settings": settings(), "batches": []}
+    if done.get("settings") != settings():
+        done = {"settings": settings(), "batches": []}
+    have = {(b["source"], b["seed"]) for b in done["batches"]}
+    for source, model_dir in sources.items():
+        n = start_batches if source == "start" else mid_batches
+        seeds = [s for s in PROBE_SEEDS[:n] if (source, s) not in have]
+        if not seeds:
+            continue
+        policy = loop.Policy(model_dir, CONFIG.threads, shared_prefix=True)
+        weights = policy.state()
+        before = loop.exact_eval(policy, rows)
+        for seed in seeds:
+            start = time.time()
+            prompts = loop.step_prompts(t, seed, 1, CONFIG.prompts)
+            uniforms = loop.step_uniforms(seed, 1, CONFIG.prompts * CONFIG.samples, CONFIG.max_new_tokens)
+            rollout = loop.make_rollout(policy, t, prompts, CONFIG.samples, uniforms, CONFIG.max_new_tokens)
+            old = policy.packed_log_probs(policy.pack(rollout.prompt_ids, rollout.replies))
+            entry = {
+                "source": source,
+                "seed": seed,
+                "reward": rollout.rewards.mean().item(),
+                "informative_groups": (rollout.rewards.reshape(-1, CONFIG.samples).std(-1) > 0).float().mean().item(),
+                "before": before,
+                "methods": {},
+            }
+            for method in methods:
+                policy.load_state(weights)
+                trainer = loop.Trainer(policy, None, method, CONFIG)  # a fresh Adam: identical for every method
+                batch = trainer.update(rollout, loop.derived_seed(seed, "order", 1), old=old)
+                entry["methods"][method] = {
+                    "tokens": loop.token_stats(batch),
+                    "after": loop.exact_eval(policy, rows),
+                    "clip_frac": batch["clip_frac"],
+                }
+            policy.load_state(weights)
+            entry["seconds"] = round(time.time() - start, 1)
+            done["batches"].append(entry)
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(done, indent=1) + "\n")
+            print(f"[probe] {source} batch {seed}: reward {entry['reward']:.3f}, {entry['seconds']:.0f} s", flush=True)
+    probe_report(done)
+    return 0
+
+
+def probe_tables(done: dict) -> tuple[list[str], dict]:
+    """The probe's table (markdown lines) and its verdicts: per candidate and advantage sign, the rare tokens'
+    (old p < 0.1) mean change of log-probability minus band-kl's, per batch; the sign test; separated or not."""
+    import study  # the first study's module: its pooling of bins and its rare bins
+
+    batches = done["batches"]
+    lines = [
+        "Rare sampled tokens (old p < 0.1): mean change of log-probability (nats) after one rollout's update from "
+        "identical weights, per batch.",
+        "",
+    ]
+    methods = ("band-kl", *PROBE_EXTRA, "clip")
+    head = ["batch", "reward", *[f"{m} {s}" for m in methods for s in ("+A", "-A")]]
+    rows = []
+    for b in batches:
+        cells = [
+            f"{study._pooled(b['methods'][m]['tokens'], study.RARE, s):+.3f}" for m in methods for s in ("pos", "neg")
+        ]
+        rows.append([f"{b['source']} {b['seed']}", f"{b['reward']:.3f}", *cells])
+    lines += markdown_table(head, rows)
+    verdicts = {}
+    table = []
+    for arm, sign, predicted in PROBE_PREDICTIONS:
+        diffs = [
+            study._pooled(b["methods"][arm]["tokens"], study.RARE, sign)
+            - study._pooled(b["methods"]["band-kl"]["tokens"], study.RARE, sign)
+            for b in batches
+        ]
+        diffs = [d for d in diffs if d == d]
+        test = study.sign_test(diffs)
+        mean = statistics.fmean(diffs) if diffs else math.nan
+        separated = test["p_two_sided"] < 0.05 and abs(mean) > SEPARATION_NATS
+        observed = 0 if not separated else (1 if mean > 0 else -1)
+        verdicts[f"{arm}/{sign}"] = {"diffs": diffs, **test, "mean": mean, "separated": separated,
+                                     "predicted": predicted, "held": observed == predicted}  # fmt: skip
+        table.append([f"{arm} - band-kl, {'+A' if sign == 'pos' else '-A'}", f"{predicted:+d}", f"{mean:+.3f}",
+                      f"{test['positive']} of {test['n']}", f"{test['p_two_sided']:.3f}",
+                      "yes" if separated else "no", "held" if observed == predicted else "not held"])  # fmt: skip
+    head = ["candidate - band-kl (rare tokens)", "predicted sign", "mean (nats)", "batches above", "p (sign test)",
+            f"separated (p < 0.05, |mean| > {SEPARATION_NATS})", "prediction"]  # fmt: skip
+    lines += ["", *markdown_table(head, table)]
+    joins = sorted({v.split("/")[0] for v, x in verdicts.items() if x["separated"]})
+    lines += ["", f"Arms that join the study (protocol.md: separated on either sign): {', '.join(joins) or 'none'}."]
+    return lines, {"verdicts": verdicts, "joins": joins}
+
+
+def probe_report(done: dict) -> None:
+    lines, summary = probe_tables(done)
+    header = "<!-- written by studies/realmodel/entropy_study.py probe from results/entropy/probe.json; do not edit -->"
+    (RESULTS / "probe.md").write_text("\n".join([header, "", *lines]) + "\n")
+    (RESULTS / "probe_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n".join(lines), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -365,10 +532,15 @@ def main() -> int:
     p = sub.add_parser("run")
     p.add_argument("--max-blocks", type=int, default=MAX_BLOCKS)
     p = sub.add_parser("profile")
+    p.add_argument("design", choices=sorted(FULL_RUN))
     p.add_argument("--steps", type=int, default=2)
     p = sub.add_parser("pilot")
     p.add_argument("--lr", type=float, default=CONFIG.lr)
     p.add_argument("--minibatches", type=int, default=CONFIG.minibatches)
+    p = sub.add_parser("probe")
+    p.add_argument("--start-batches", type=int, default=4)
+    p.add_argument("--mid-batches", type=int, default=4)
+    p.add_argument("--eval-rows", type=int, default=64)
     sub.add_parser("report")
     args = parser.parse_args()
     torch.set_num_threads(CONFIG.threads)
@@ -376,9 +548,11 @@ def main() -> int:
     if args.command == "run":
         status = run_main(args.max_blocks)
     elif args.command == "profile":
-        status = profile_main(args.steps)
+        status = profile_main(args.design, args.steps)
     elif args.command == "pilot":
         status = pilot_main(args.lr, args.minibatches)
+    elif args.command == "probe":
+        status = probe_main(args.start_batches, args.mid_batches, args.eval_rows)
     else:
         report()
         status = 0
