@@ -12,6 +12,7 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
 import calibrate  # noqa: E402  (studies/realmodel is not a package)
+import entropy_study  # noqa: E402
 import study  # noqa: E402
 
 
@@ -32,4 +33,39 @@ def pairs() -> tuple[str, str]:
     return "\n".join(lines), "studies/realmodel/results/runs/*.json"
 
 
-TABLES = {"realmodel-calibration": calibration, "realmodel-probe": probe, "realmodel-pairs": pairs}
+ENTROPY = RESULTS / "entropy"
+
+
+def entropy_calibration() -> tuple[str, str]:
+    results = json.loads((ENTROPY / "calibration.json").read_text())
+    return "\n".join(calibrate.binary_table(results)), "studies/realmodel/results/entropy/calibration.json"
+
+
+def entropy_profile() -> tuple[str, str]:
+    done = json.loads((ENTROPY / "profile.json").read_text())
+    return "\n".join(entropy_study.profile_table(done)), "studies/realmodel/results/entropy/profile.json"
+
+
+def entropy_pilot() -> tuple[str, str]:
+    return "\n".join(entropy_study.pilot_table()), "studies/realmodel/results/entropy/pilot/*.json"
+
+
+def entropy_probe() -> tuple[str, str]:
+    lines, _ = entropy_study.probe_tables(json.loads((ENTROPY / "probe.json").read_text()))
+    return "\n".join(lines), "studies/realmodel/results/entropy/probe.json"
+
+
+def entropy_runs() -> tuple[str, str]:
+    return "\n".join(entropy_study.report_lines()), "studies/realmodel/results/entropy/runs/*.json"
+
+
+TABLES = {
+    "realmodel-calibration": calibration,
+    "realmodel-probe": probe,
+    "realmodel-pairs": pairs,
+    "realmodel-entropy-calibration": entropy_calibration,
+    "realmodel-entropy-profile": entropy_profile,
+    "realmodel-entropy-pilot": entropy_pilot,
+    "realmodel-entropy-probe": entropy_probe,
+    "realmodel-entropy-runs": entropy_runs,
+}

@@ -209,8 +209,7 @@ def stopping_rule(result: dict) -> str | None:
 def validity_halt() -> str | None:
     """protocol.md's halts, on clip's runs: its final held-out sampled reward within 10% of an audited trivial
     policy's nonzero score, or fewer than 25% of its groups carrying a gradient over steps 10-12."""
-    t, held = task()
-    check = audit.audit(held, t.train, t.reward_fn)
+    check = json.loads((audit.RESULTS / f"{audit.slug(TASK)}.json").read_text())  # make realmodel-audit's
     shortcuts = {k: v["mean_reward"] for k, v in check["policies"].items() if v["mean_reward"] > 0}
     for seed, b in sorted(blocks().items()):
         clip = b.get("clip")
@@ -473,6 +472,48 @@ def probe_report(done: dict) -> None:
     (RESULTS / "probe.md").write_text("\n".join([header, "", *lines]) + "\n")
     (RESULTS / "probe_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- tables
+DESIGNS = {
+    "first": "the first paired study as it ran (spell_backward, 177-token prompts, whole sequences, 12 steps)",
+    "entropy": "this study (8-shot prompts of ~540 tokens, the shared prefix, 24 steps)",
+}
+
+
+def profile_table(done: dict) -> list[str]:
+    """Seconds a full run spends per phase, each design projected from its profiled short run."""
+    designs = [d for d in DESIGNS if d in done]
+    phases = []
+    for d in designs:
+        phases += [k for k in done[d]["full_run"]["phases"] if k not in phases and k != "reference log-probs"]
+    head = ["phase (s in a full run)", *[f"{d}: {done[d]['full_run']['steps']} steps" for d in designs]]
+    rows = [[k, *[f"{done[d]['full_run']['phases'].get(k, 0.0):.0f}" for d in designs]] for k in phases]
+    rows.append(["**total (min)**", *[f"**{done[d]['full_run']['minutes']:.1f}**" for d in designs]])
+    lines = markdown_table(head, rows)
+    for d in designs:
+        e = done[d]
+        lines += ["", f"`{d}`: {DESIGNS[d]}; profiled over {e['profiled_steps']} steps ({e['seconds']:.0f} s)."]
+    return lines
+
+
+def pilot_table() -> list[str]:
+    rows = []
+    for path in sorted((RESULTS / "pilot").glob("*.json")):
+        r = json.loads(path.read_text())
+        e = r["exact"]
+        start, end = e[0]["entropy"], e[-1]["entropy"]
+        late = [s["informative_groups"] for s in r["steps"] if 10 <= s["step"] <= 12]
+        rows.append([
+            f"clip, lr {r['config']['lr']:g}, {r['config']['minibatches']} mini-batches",
+            " -> ".join(f"{x['entropy']:.3f}" for x in e), f"{1 - end / start:.0%}",
+            f"{e[0]['mean_p_correct']:.3f} -> {e[-1]['mean_p_correct']:.3f}", f"{r['sampled']['mean_reward']:.3f}",
+            f"{statistics.fmean(late):.2f}" if late else "-", f"{r['seconds'] / 60:.1f}",
+        ])  # fmt: skip
+    steps = " / ".join(str(s) for s in range(0, CONFIG.steps + 1, EVAL_EVERY))
+    head = ["pilot run (seed 100)", f"exact entropy at steps {steps} (nats)", "fall", "exact p(correct)",
+            "held-out sampled reward (end)", "informative groups, steps 10-12", "min"]  # fmt: skip
+    return markdown_table(head, rows)
 
 
 # ---------------------------------------------------------------------------------------------- report

@@ -1,0 +1,114 @@
+"""The entropy study's arithmetic and rules (studies/realmodel/entropy_study.py), without the model: the paired t
+test's p-value against the standard t quantiles, Holm's step-down, the stopping rule, the validity halts and the
+pairing check on fake ledgers, and the study's refusal to run before its protocol is committed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "studies"))
+sys.path.insert(0, str(ROOT / "studies" / "realmodel"))
+import entropy_study as es  # noqa: E402
+from paired_runs import T95  # noqa: E402  (two-sided 95% t quantiles, to 3 decimals, from the standard tables)
+
+
+@pytest.mark.parametrize("df", sorted(T95))
+def test_the_t_test_gives_p_005_at_the_tabled_quantile(df):
+    """n = df + 1 values whose t statistic is the tabled 97.5% quantile: p = 0.05, to within what the table's 3
+    decimals allow (a t off by 0.0005 moves p by at most 2 x 0.0005 x the t density there, < 1e-3)."""
+    n = df + 1
+    t = T95[df]
+    # values with mean m and sd 1 (a centred +-1 pattern scaled to sd 1): t = m * sqrt(n)
+    base = [(-1) ** i for i in range(n)]
+    mean0 = sum(base) / n
+    centred = [b - mean0 for b in base]
+    sd0 = (sum(c * c for c in centred) / (n - 1)) ** 0.5
+    m = t / n**0.5
+    values = [m + c / sd0 for c in centred]
+    assert es.t_test_p(values) == pytest.approx(0.05, abs=1e-3)
+    assert es.t_test_p([-v for v in values]) == pytest.approx(0.05, abs=1e-3)
+
+
+def test_holm_steps_down_and_stays_monotone():
+    adjusted = es.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005, "e": None})
+    assert adjusted == pytest.approx({"d": 0.02, "a": 0.03, "c": 0.06, "b": 0.06, "e": None})
+
+
+def _outcomes(n: int, ci: tuple[float, float] | None) -> dict:
+    return {"primary": {"n": n, "ci95": list(ci) if ci else None}}
+
+
+def test_the_stopping_rule():
+    assert es.stopping_rule(_outcomes(3, (0.1, 0.2))) is None  # never before 4 blocks
+    assert "excludes 0" in es.stopping_rule(_outcomes(4, (0.01, 0.3)))
+    assert "excludes 0" in es.stopping_rule(_outcomes(4, (-0.3, -0.01)))
+    assert "half-width" in es.stopping_rule(_outcomes(4, (-0.04, 0.05)))  # half-width 0.045 < 0.05
+    assert es.stopping_rule(_outcomes(5, (-0.06, 0.05))) is None  # 0.055: go on
+    assert es.stopping_rule(_outcomes(8, (-1.0, 1.0))) == "8 blocks"
+
+
+def _run(arm: str, seed: int, entropies: list[float], sha: str = "same", reward: float = 0.5, groups: float = 0.6):
+    return {
+        "method": arm,
+        "seed": seed,
+        "settings": es.settings(),
+        "steps": [
+            {"step": s, "replies_sha": sha if s == 1 else str(s), "informative_groups": groups} for s in range(1, 25)
+        ],  # fmt: skip
+        "exact": [{"step": 6 * i, "entropy": e, "mean_p_correct": 0.3} for i, e in enumerate(entropies)],
+        "sampled": {"mean_reward": reward},
+        "seconds": 1200.0,
+    }
+
+
+def _write(ledger: Path, run: dict) -> None:
+    ledger.mkdir(parents=True, exist_ok=True)
+    (ledger / f"{run['method']}-seed{run['seed']}.json").write_text(json.dumps(run))
+
+
+def test_outcomes_halts_and_pairing_on_a_fake_ledger(tmp_path, monkeypatch):
+    monkeypatch.setattr(es, "LEDGER", tmp_path / "runs")
+    for seed, gap in enumerate([-0.05, -0.04, -0.06, -0.05]):
+        _write(es.LEDGER, _run("clip", seed, [0.26, 0.2, 0.15, 0.12, 0.1]))
+        _write(es.LEDGER, _run("band-kl", seed, [0.26, *[x + gap for x in (0.2, 0.15, 0.12, 0.1)]]))
+        _write(es.LEDGER, _run("band-kl-floor", seed, [0.26, 0.21, 0.16, 0.13, 0.11]))
+    result = es.outcomes()
+    primary = es.primary(result)
+    assert primary["n"] == 4 and primary["mean"] == pytest.approx(-0.05)
+    assert primary["ci95"][1] < 0 and "excludes 0" in es.stopping_rule(result)
+    floor = result["secondary: band-kl-floor - clip, mean exact entropy steps 6-24 (nats)"]
+    assert floor["mean"] == pytest.approx(0.01)
+    assert es.pairing_check() == [] and es.validity_halt() is None
+    # a block whose arms sampled different step-1 replies is named
+    _write(es.LEDGER, _run("band-kl", 0, [0.26, 0.2, 0.15, 0.12, 0.1], sha="other"))
+    assert es.pairing_check() and "seed 0" in es.pairing_check()[0]
+    # clip ending at a trivial policy's score (the audit's 0.004: within 10%) halts; so do dead groups
+    _write(es.LEDGER, _run("clip", 1, [0.26, 0.2, 0.15, 0.12, 0.1], reward=0.0040))
+    assert "within 10%" in es.validity_halt()
+    _write(es.LEDGER, _run("clip", 1, [0.26, 0.2, 0.15, 0.12, 0.1], groups=0.2))
+    assert "carry a gradient" in es.validity_halt()
+    # the report renders from the ledger
+    assert any("primary" in line for line in es.report_lines())
+
+
+def test_the_study_refuses_to_run_before_its_protocol_is_committed(tmp_path, monkeypatch):
+    monkeypatch.setattr(es, "ROOT", tmp_path)
+    monkeypatch.setattr(es, "PROTOCOL", tmp_path / "protocol.md")
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "protocol.md").write_text("draft\n")
+    with pytest.raises(SystemExit, match="commit the protocol"):
+        es.protocol_commit()
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "protocol.md"], check=True)
+    subprocess.run([*git, "commit", "-qm", "protocol"], check=True)
+    assert len(es.protocol_commit()) == 40
+    (tmp_path / "protocol.md").write_text("draft, amended without a commit\n")
+    with pytest.raises(SystemExit, match="commit the protocol"):
+        es.protocol_commit()
