@@ -142,6 +142,30 @@ def pairs_row() -> str:
             f"| {reward['n']} pair{'' if reward['n'] == 1 else 's'}; {state} |")  # fmt: skip
 
 
+def entropy_row() -> str:
+    """The entropy study's row: its primary (claim 2) and final exact p(correct) (claim 1), over complete blocks."""
+    es = _renderer("realmodel").entropy_study
+    result = es.outcomes()
+    names = list(result)
+    primary, floor, p_correct = result[names[0]], result[names[1]], result[names[2]]
+
+    def cell(o: dict, unit: str) -> str:
+        if o["n"] == 0:
+            return "no complete block yet"
+        if o["n"] == 1:
+            return f"{o['mean']:+.3f}{unit} (one block, no interval): not resolved"
+        lo, hi = o["ci95"]
+        word = "held" if lo > 0 else "the opposite" if hi < 0 else "not resolved"
+        return f"{pm(o['mean'], o['sd'])}{unit} [{lo:+.3f}, {hi:+.3f}]: {word}"
+
+    rule = es.stopping_rule(result)
+    state = f"stopping rule met: {rule}" if rule else "running to its stopping rule (4 to 8 blocks)"
+    return (f"| [SmolLM2, entropy study: exactly paired GRPO loop, 24 steps, word_sequence_reversal (0/1, audited)]"
+            f"(docs/smollm2_study.md#the-entropy-study) | final exact p(correct) {cell(p_correct, '')} "
+            f"| band-kl {cell(primary, ' nats')}; the floor {cell(floor, ' nats')} "
+            f"| {primary['n']} block{'' if primary['n'] == 1 else 's'}; {state} |")  # fmt: skip
+
+
 def findings() -> tuple[str, str]:
     lines = ["| setting | claim 1: the band learns better | claim 2: it keeps entropy higher | evidence |",
              "|---|---|---|---|"]  # fmt: skip
@@ -149,7 +173,7 @@ def findings() -> tuple[str, str]:
     lines.append(demo_row(ROOT / "docs" / "demo_metrics.csv", "band-kl", demo, "docs/demo.md"))
     floor = demo_row(ROOT / "studies" / "band_family" / "results" / "metrics.csv", "band-kl-floor",
                      "the same with `--actor.band.lower_floor 0.8` (band-kl-floor)", "docs/band_family.md")  # fmt: skip
-    lines += [floor, learn_row(), smollm2_row(), probe_row(), pairs_row()]
+    lines += [floor, learn_row(), smollm2_row(), probe_row(), pairs_row(), entropy_row()]
     sources = ("docs/demo_metrics.csv, studies/{band_family/results/metrics.csv, learn/results/summary.txt, "
                "smollm2/results/runs, realmodel/results}")  # fmt: skip
     return "\n".join(lines), sources

@@ -51,7 +51,10 @@ def entropy_pilot() -> tuple[str, str]:
 
 
 def entropy_probe() -> tuple[str, str]:
-    lines, _ = entropy_study.probe_tables(json.loads((ENTROPY / "probe.json").read_text()))
+    path = ENTROPY / "probe.json"
+    if not path.exists():
+        return "The probe has not run yet.", "studies/realmodel/results/entropy/probe.json"
+    lines, _ = entropy_study.probe_tables(json.loads(path.read_text()))
     return "\n".join(lines), "studies/realmodel/results/entropy/probe.json"
 
 

@@ -249,7 +249,18 @@ def protocol_commit() -> str:
     return commit
 
 
-def run_main(max_blocks: int) -> int:
+def commit_run(method: str, seed: int) -> None:
+    """git commit of one finished run: its ledger entry and the rewritten report (`run --commit`)."""
+    files = [
+        str(p.relative_to(ROOT))
+        for p in (Ledger(LEDGER).path(method, seed), RESULTS / "study.md", RESULTS / "outcomes.json")
+    ]
+    subprocess.run(["git", "add", "--", *files], cwd=ROOT, check=True)
+    message = f"Entropy study ledger: {method} seed {seed} (studies/realmodel/entropy_study.py run --commit)"
+    subprocess.run(["git", "commit", "-q", "-m", message, "--", *files], cwd=ROOT, check=True)
+
+
+def run_main(max_blocks: int, commit_each: bool = False) -> int:
     commit = protocol_commit()
     task()  # the audit, before any run
 
@@ -258,6 +269,9 @@ def run_main(max_blocks: int) -> int:
         r = run_one(method, seed)
         r["protocol_commit"] = commit
         Ledger(LEDGER).write(method, seed, r)
+        if commit_each:
+            report()
+            commit_run(method, seed)
         print(
             f"[entropy] {method} seed {seed}: entropy {r['exact'][0]['entropy']:.3f} -> {r['exact'][-1]['entropy']:.3f}"
             f" nats, {r['seconds']:.0f} s",
@@ -572,6 +586,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run")
     p.add_argument("--max-blocks", type=int, default=MAX_BLOCKS)
+    p.add_argument("--commit", action="store_true", help="git commit each run's ledger entry and the report")
     p = sub.add_parser("profile")
     p.add_argument("design", choices=sorted(FULL_RUN))
     p.add_argument("--steps", type=int, default=2)
@@ -587,7 +602,7 @@ def main() -> int:
     torch.set_num_threads(CONFIG.threads)
     start = time.time()
     if args.command == "run":
-        status = run_main(args.max_blocks)
+        status = run_main(args.max_blocks, args.commit)
     elif args.command == "profile":
         status = profile_main(args.design, args.steps)
     elif args.command == "pilot":
