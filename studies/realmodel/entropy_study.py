@@ -56,6 +56,13 @@ PILOT_SEED, PROBE_SEEDS = 100, (1000, 1001, 1002, 1003)  # outside the study's s
 CONFIG = loop.LoopConfig(steps=24, prompts=8, samples=8, minibatches=8, lr=3e-5, max_new_tokens=24)
 
 
+def study_arms() -> tuple[str, ...]:
+    """ARMS and the probe's candidates that joined by the protocol's rule (results/entropy/probe_summary.json)."""
+    summary = RESULTS / "probe_summary.json"
+    joins = json.loads(summary.read_text())["joins"] if summary.exists() else []
+    return (*ARMS, *[a for a in PROBE_EXTRA if a in joins])
+
+
 def task() -> tuple[loop.Task, list[dict]]:
     """(task, held-out rows): the calibrated candidate's data; exits in one line when it fails the shortcut audit."""
     candidate = calibrate.BINARY[TASK]
@@ -166,7 +173,7 @@ def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
 def blocks() -> dict[int, dict[str, dict]]:
     """seed -> arm -> run, for the ledger's entries with the study's settings."""
     out: dict[int, dict[str, dict]] = {}
-    for arm, by_seed in Ledger(LEDGER).runs(ARMS, settings()).items():
+    for arm, by_seed in Ledger(LEDGER).runs(study_arms(), settings()).items():
         for seed, run in by_seed.items():
             out.setdefault(seed, {})[arm] = run
     return out
@@ -285,7 +292,7 @@ def run_main(max_blocks: int, commit_each: bool = False) -> int:
     stop = Stop(WORK / "STOP", said="STOP file: stopping", status=0, consumed=False, at_once=True)
     return run_seeds(
         range(min(max_blocks, MAX_BLOCKS)),
-        ARMS,
+        study_arms(),
         finished=lambda method, seed: Ledger(LEDGER).entry(method, seed, settings()) is not None,
         run=run,
         stop=stop,

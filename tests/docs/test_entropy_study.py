@@ -112,3 +112,33 @@ def test_the_study_refuses_to_run_before_its_protocol_is_committed(tmp_path, mon
     (tmp_path / "protocol.md").write_text("draft, amended without a commit\n")
     with pytest.raises(SystemExit, match="commit the protocol"):
         es.protocol_commit()
+
+
+def test_run_resumes_from_the_ledger_block_by_block_and_stops_at_a_stop_file(tmp_path, monkeypatch):
+    """`entropy_study.py run` as a later sitting (the model's runs faked): finished runs are skipped, a block runs
+    every arm before the next seed, a STOP file stops it before the next run and stays, and the rule stops it."""
+    monkeypatch.setattr(es, "LEDGER", tmp_path / "runs")
+    monkeypatch.setattr(es, "RESULTS", tmp_path)
+    monkeypatch.setattr(es, "WORK", tmp_path / "work")
+    monkeypatch.setattr(es, "protocol_commit", lambda: "0" * 40)
+    monkeypatch.setattr(es, "task", lambda: (None, []))
+    ran: list[tuple[str, int]] = []
+
+    def run_one(method: str, seed: int, cfg=None, save_mid=None) -> dict:
+        ran.append((method, seed))
+        gap = -0.05 if method == "band-kl" else 0.0
+        return _run(method, seed, [0.26, *[x + gap for x in (0.2, 0.15, 0.12, 0.1)]])
+
+    monkeypatch.setattr(es, "run_one", run_one)
+    _write(es.LEDGER, _run("clip", 0, [0.26, 0.2, 0.15, 0.12, 0.1]))  # an earlier sitting's run
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "STOP").touch()
+    assert es.run_main(8) == 0 and ran == []  # stopped before anything
+    (tmp_path / "work" / "STOP").unlink()
+    assert es.run_main(2) == 0
+    assert ran == [("band-kl", 0), ("band-kl-floor", 0), ("clip", 1), ("band-kl", 1), ("band-kl-floor", 1)]
+    assert all(json.loads(p.read_text())["protocol_commit"] == "0" * 40 for p in es.LEDGER.glob("*-seed1.json"))
+    ran.clear()
+    assert es.run_main(8) == 0  # blocks 2 and 3, then the rule: 4 blocks whose primary excludes 0
+    assert [seed for _, seed in ran] == [2, 2, 2, 3, 3, 3]
+    assert "excludes 0" in es.stopping_rule(es.outcomes())
