@@ -482,8 +482,13 @@ def probe_tables(done: dict) -> tuple[list[str], dict]:
     head = ["candidate - band-kl (rare tokens)", "predicted sign", "mean (nats)", "batches above", "p (sign test)",
             f"separated (p < 0.05, |mean| > {SEPARATION_NATS})", "prediction"]  # fmt: skip
     lines += ["", *markdown_table(head, table)]
-    joins = sorted({v.split("/")[0] for v, x in verdicts.items() if x["separated"]})
-    lines += ["", f"Arms that join the study (protocol.md: separated on either sign): {', '.join(joins) or 'none'}."]
+    complete = len(batches) >= 2 * len(PROBE_SEEDS)
+    joins = sorted({v.split("/")[0] for v, x in verdicts.items() if x["separated"]}) if complete else []
+    if complete:
+        joined = ", ".join(joins) or "none"
+        lines += ["", f"Arms that join the study (protocol.md: separated on either sign): {joined}."]
+    else:
+        lines += ["", f"Pending: {len(batches)} of {2 * len(PROBE_SEEDS)} batches; no arm joins before all have run."]
     return lines, {"verdicts": verdicts, "joins": joins}
 
 

@@ -142,3 +142,29 @@ def test_run_resumes_from_the_ledger_block_by_block_and_stops_at_a_stop_file(tmp
     assert es.run_main(8) == 0  # blocks 2 and 3, then the rule: 4 blocks whose primary excludes 0
     assert [seed for _, seed in ran] == [2, 2, 2, 3, 3, 3]
     assert "excludes 0" in es.stopping_rule(es.outcomes())
+
+
+def _probe_batch(seed: int, higher_neg: float) -> dict:
+    def tokens(pos: float, neg: float) -> dict:
+        return {f"{b}/{s}": {"tokens": 10, "mean_dlogp": v} for b in ("p<0.01", "p0.01-0.1") for s, v in
+                (("pos", pos), ("neg", neg))}  # fmt: skip
+
+    methods = {
+        "band-kl": tokens(0.3, -2.0),
+        "clip-higher": tokens(0.3 - 0.01 * seed, -2.0 + higher_neg),
+        "band-chi2": tokens(0.3 + (0.001 if seed % 2 else -0.001), -2.0),
+        "clip": tokens(0.2, -1.0),
+    }
+    return {"source": "start", "seed": seed, "reward": 0.3, "methods": {m: {"tokens": t} for m, t in methods.items()}}
+
+
+def test_the_probe_rule_joins_an_arm_only_when_all_batches_separate_it():
+    done = {"batches": [_probe_batch(s, 0.5) for s in range(8)]}
+    lines, summary = es.probe_tables(done)
+    assert summary["joins"] == ["clip-higher"]  # 8 of 8 above band-kl on rare negatives, by 0.5 nats
+    assert summary["verdicts"]["clip-higher/neg"]["held"]  # predicted +
+    assert not summary["verdicts"]["band-chi2/pos"]["separated"]  # 4 of 8 each way
+    assert not summary["verdicts"]["clip-higher/pos"]["separated"]  # below by 0.01-0.07 nats: under 0.1
+    _, partial = es.probe_tables({"batches": done["batches"][:6]})
+    assert partial["joins"] == []  # 6 of 6 would pass the sign test; the rule waits for all 8
+    assert any("Pending: 6 of 8" in line for line in es.probe_tables({"batches": done["batches"][:6]})[0])
