@@ -20,6 +20,9 @@ exact-match mapping when the candidate is scored 0/1):
 - `number k` / `last number`: the k-th (k = 1, 2, 3) or the last number written in the question;
 - `field KEY`: each input field of the item (a reasoning-gym metadata value, string or number, of at most
   64 characters, that occurs verbatim in the question: the word to reverse, an operand), copied;
+- `shot k's answer`: the answer of the prompt's k-th solved turn (a few-shot prompt's shots), copied;
+- `most common held-out answer`: the held-out rows' own most frequent answer for every row (an upper bound on
+  any constant answer);
 - `most common training answer`: the training split's most frequent answer, for every row;
 - `random training answer`: a training answer drawn per row (seeded).
 
@@ -67,6 +70,20 @@ def input_fields(entry: dict) -> dict[str, str]:
     return out
 
 
+def _shot_answers(row: dict) -> list[str]:
+    """The answers of the solved turns a chat prompt shows (the assistant turns' `<answer>` contents)."""
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list):
+        return []
+    out = []
+    for message in prompt[:-1]:
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            text = str(message.get("content", ""))
+            start, end = text.find("<answer>"), text.rfind("</answer>")
+            out.append(text[start + len("<answer>") : end].strip() if 0 <= start < end else text.strip())
+    return out
+
+
 def trivial_answers(held: Sequence[dict], train: Sequence[dict], seed: int = 0) -> dict[str, list[str | None]]:
     """Policy name -> its answer for each held-out row (None: no answer for that row, scored 0)."""
     entries = [entry_of(r) for r in held]
@@ -85,6 +102,14 @@ def trivial_answers(held: Sequence[dict], train: Sequence[dict], seed: int = 0) 
     fields = [input_fields(e) for e in entries]
     for key in sorted({k for f in fields for k in f}):
         policies[f"field {key}"] = [f.get(key) for f in fields]
+    # the prompt's solved turns (a few-shot prompt's shots): each shot's answer, copied
+    shots = [_shot_answers(r) for r in held]
+    for k in range(max((len(a) for a in shots), default=0)):
+        policies[f"shot {k + 1}'s answer"] = [a[k] if len(a) > k else None for a in shots]
+    # the held-out rows' own most common answer: an upper bound on any constant answer
+    held_answers = [str(e["answer"]) for e in entries]
+    held_common = Counter(held_answers).most_common(1)[0][0]
+    policies["most common held-out answer (bound on constants)"] = [held_common for _ in entries]
     if train_answers:
         common = Counter(train_answers).most_common(1)[0][0]
         policies["most common training answer"] = [common for _ in entries]

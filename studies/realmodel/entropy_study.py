@@ -161,7 +161,7 @@ def t_test_p(values: list[float]) -> float | None:
 
 def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
     """Holm-adjusted p-values (step-down, monotone), over the outcomes that have one."""
-    have = sorted((p, k) for k, p in pvalues.items() if p is not None)
+    have = sorted((p, k) for k, p in pvalues.items() if p is not None and p == p)  # NaN: no p-value
     out: dict[str, float | None] = dict.fromkeys(pvalues)
     running = 0.0
     for i, (p, k) in enumerate(have):
@@ -181,7 +181,8 @@ def blocks() -> dict[int, dict[str, dict]]:
 
 def outcomes() -> dict:
     """Each outcome over the complete blocks: per-seed differences, mean, sd, 95% interval, t-test and Holm p."""
-    complete = {s: b for s, b in blocks().items() if all(a in b for a in ARMS)}
+    mispaired = {int(line.split(":")[0].split()[1]) for line in pairing_check()}
+    complete = {s: b for s, b in blocks().items() if all(a in b for a in ARMS) and s not in mispaired}
     seeds = sorted(complete)
     out = {}
     for name, (arm, base, value) in OUTCOMES.items():
@@ -190,6 +191,12 @@ def outcomes() -> dict:
     adjusted = holm({k: v["p"] for k, v in out.items()})
     for k in out:
         out[k]["p_holm"] = adjusted[k]
+    # an arm that joined by the probe's rule: its difference from band-kl in the primary's measure, outside Holm
+    for arm in study_arms()[len(ARMS) :]:
+        have = sorted(s for s in seeds if arm in complete[s])
+        diffs = [mean_entropy(complete[s][arm]) - mean_entropy(complete[s]["band-kl"]) for s in have]
+        name = f"joined: {arm} - band-kl, mean exact entropy steps 6-24 (nats; outside Holm)"
+        out[name] = {"seeds": have, "diffs": diffs, **interval(diffs), "p": t_test_p(diffs), "p_holm": None}
     return out
 
 
@@ -215,7 +222,17 @@ def stopping_rule(result: dict) -> str | None:
 
 def validity_halt() -> str | None:
     """protocol.md's halts, on clip's runs: its final held-out sampled reward within 10% of an audited trivial
-    policy's nonzero score, or fewer than 25% of its groups carrying a gradient over steps 10-12."""
+    policy's nonzero score, or fewer than 25% of its groups carrying a gradient over steps 10-12; and, on every
+    run, an outcome that is not a finite number or step-1 rollouts that differ across a block's arms (the design
+    makes them identical: such a block is left out of the outcomes and the study stops to find out why)."""
+    for seed, b in sorted(blocks().items()):
+        for arm, run in b.items():
+            values = [mean_entropy(run), final_p_correct(run)]
+            if not all(math.isfinite(v) for v in values):
+                return f"{arm} seed {seed}: an outcome is not finite ({values})"
+    bad = pairing_check()
+    if bad:
+        return f"step-1 rollouts differ across arms: {'; '.join(bad)}"
     check = json.loads((audit.RESULTS / f"{audit.slug(TASK)}.json").read_text())  # make realmodel-audit's
     shortcuts = {k: v["mean_reward"] for k, v in check["policies"].items() if v["mean_reward"] > 0}
     for seed, b in sorted(blocks().items()):
@@ -305,7 +322,7 @@ def run_main(max_blocks: int, commit_each: bool = False) -> int:
 # ---------------------------------------------------------------------------------------------- profile, pilot
 #: per design: (steps of a full run, exact evaluations in a full run); the profile's short run has 2 evaluations
 FULL_RUN = {"first": (12, 2), "entropy": (CONFIG.steps, CONFIG.steps // EVAL_EVERY + 1)}
-PER_STEP = ("generation and reward", "old log-probs", "update", "log-probs after")
+PER_STEP = ("generation and reward", "old log-probs", "reference log-probs", "update", "log-probs after")
 
 
 def profile_main(design: str, steps: int) -> int:
@@ -331,7 +348,7 @@ def profile_main(design: str, steps: int) -> int:
     else:
         per_step["log-probs after"] = timings.get("log-probs after", 0.0)  # step 1's, as every step ran it
     once = {k: v for k, v in timings.items() if k not in PER_STEP}
-    once["exact evaluation"] = timings.get("exact evaluation", 0.0) / 2 * evals
+    once["exact evaluation"] = timings.get("exact evaluation", 0.0) / len(r["exact"]) * evals
     projected = {
         **{k: round(v * full_steps, 1) for k, v in per_step.items()},
         **{k: round(v, 1) for k, v in once.items()},
@@ -358,11 +375,16 @@ def profile_main(design: str, steps: int) -> int:
     return 0
 
 
+def mid_weights(cfg: loop.LoopConfig = CONFIG) -> Path:
+    """Where the pilot with `cfg` saves clip's step-6 weights (the probe's mid-training batches read CONFIG's)."""
+    return WORK / f"entropy-mid-clip-lr{cfg.lr:g}-mb{cfg.minibatches}"
+
+
 def pilot_main(lr: float, minibatches: int) -> int:
     """Clip alone at the pilot seed, 24 steps: does its exact entropy fall by at least half? Saves the step-6
     weights for the probe's mid-training batches."""
     cfg = replace(CONFIG, lr=lr, minibatches=minibatches)
-    r = run_one("clip", PILOT_SEED, cfg, save_mid=WORK / "entropy-mid-clip")
+    r = run_one("clip", PILOT_SEED, cfg, save_mid=mid_weights(cfg))
     Ledger(RESULTS / "pilot").write(f"clip-lr{lr:g}-mb{minibatches}", PILOT_SEED, r)
     e = [x["entropy"] for x in r["exact"]]
     print(f"[pilot] lr {lr:g} minibatches {minibatches}: entropy {e}, {r['seconds']:.0f} s", flush=True)
@@ -387,7 +409,8 @@ def probe_main(start_batches: int, mid_batches: int, eval_rows: int) -> int:
     change of log-probability by old-probability bin and advantage sign, and the held-out exact numbers after."""
     t, held = task()
     rows = held[:eval_rows]
-    mid = WORK / "entropy-mid-clip"
+    protocol_commit()  # the predictions are the protocol's: committed before the probe runs
+    mid = mid_weights()
     sources = {"start": calibrate.MODEL}
     if mid_batches:
         if not (mid / "config.json").exists():
@@ -396,9 +419,10 @@ def probe_main(start_batches: int, mid_batches: int, eval_rows: int) -> int:
         sources["mid-clip"] = mid
     methods = ("band-kl", *PROBE_EXTRA, "clip")
     path = RESULTS / "probe.json"
-    done = json.loads(path.read_text()) if path.exists() else {"settings": settings(), "batches": []}
-    if done.get("settings") != settings():
-        done = {"settings": settings(), "batches": []}
+    probe_settings = {**settings(), "mid_weights": mid.name, "methods": list(methods)}
+    done = json.loads(path.read_text()) if path.exists() else {"settings": probe_settings, "batches": []}
+    if done.get("settings") != probe_settings:
+        done = {"settings": probe_settings, "batches": []}
     have = {(b["source"], b["seed"]) for b in done["batches"]}
     for source, model_dir in sources.items():
         n = start_batches if source == "start" else mid_batches
@@ -469,10 +493,12 @@ def probe_tables(done: dict) -> tuple[list[str], dict]:
             - study._pooled(b["methods"]["band-kl"]["tokens"], study.RARE, sign)
             for b in batches
         ]
-        diffs = [d for d in diffs if d == d]
+        diffs = [d for d in diffs if d == d]  # a batch without rare tokens of this sign has no difference (NaN)
         test = study.sign_test(diffs)
         mean = statistics.fmean(diffs) if diffs else math.nan
-        separated = test["p_two_sided"] < 0.05 and abs(mean) > SEPARATION_NATS
+        # the protocol's 8 of 8: every batch agreeing, none without rare tokens or tied
+        agreeing = max(test["positive"], test["n"] - test["positive"])
+        separated = agreeing == len(batches) and test["p_two_sided"] < 0.05 and abs(mean) > SEPARATION_NATS
         observed = 0 if not separated else (1 if mean > 0 else -1)
         verdicts[f"{arm}/{sign}"] = {"diffs": diffs, **test, "mean": mean, "separated": separated,
                                      "predicted": predicted, "held": observed == predicted}  # fmt: skip
@@ -482,7 +508,8 @@ def probe_tables(done: dict) -> tuple[list[str], dict]:
     head = ["candidate - band-kl (rare tokens)", "predicted sign", "mean (nats)", "batches above", "p (sign test)",
             f"separated (p < 0.05, |mean| > {SEPARATION_NATS})", "prediction"]  # fmt: skip
     lines += ["", *markdown_table(head, table)]
-    complete = len(batches) >= 2 * len(PROBE_SEEDS)
+    expected = {(source, seed) for source in ("start", "mid-clip") for seed in PROBE_SEEDS}
+    complete = expected <= {(b["source"], b["seed"]) for b in batches}
     joins = sorted({v.split("/")[0] for v, x in verdicts.items() if x["separated"]}) if complete else []
     if complete:
         joined = ", ".join(joins) or "none"

@@ -212,7 +212,8 @@ def prefix_cache(model, prefix: Sequence[int], rows: int, room: int = 0):
     cache at every token, 1.7 GB a step for 64 rows after a 540-token prefix)."""
     from transformers import DynamicCache
 
-    out = model(torch.tensor([list(prefix)]), use_cache=True)
+    # logits_to_keep=1: the prefix's keys and values are what is kept, not its ~500 positions' vocabulary logits
+    out = model(torch.tensor([list(prefix)], dtype=torch.long), use_cache=True, logits_to_keep=1)
     cache = DynamicCache()
     for i, layer in enumerate(out.past_key_values.layers):
         keys, values = layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)
@@ -465,6 +466,8 @@ class Policy:
         if not self.shared_prefix:
             return generate_replies(self.model, prompt_ids, uniforms, max_new_tokens, self.eos_ids, self.pad_id)
         length = shared_prefix_length(prompt_ids)
+        if length == 0:  # nothing shared: HF generate on whole sequences
+            return generate_replies(self.model, prompt_ids, uniforms, max_new_tokens, self.eos_ids, self.pad_id)
         rest = [p[length:] for p in prompt_ids]
         return decode_replies(
             self.model, prompt_ids[0][:length], rest, uniforms, max_new_tokens, self.eos_ids, self.pad_id

@@ -87,6 +87,13 @@ def test_outcomes_halts_and_pairing_on_a_fake_ledger(tmp_path, monkeypatch):
     # a block whose arms sampled different step-1 replies is named
     _write(es.LEDGER, _run("band-kl", 0, [0.26, 0.2, 0.15, 0.12, 0.1], sha="other"))
     assert es.pairing_check() and "seed 0" in es.pairing_check()[0]
+    assert "differ across arms" in es.validity_halt()  # the study stops to find out why
+    assert es.primary(es.outcomes())["seeds"] == [1, 2, 3]  # and the block is left out
+    _write(es.LEDGER, _run("band-kl", 0, [0.26, *[x - 0.05 for x in (0.2, 0.15, 0.12, 0.1)]]))
+    nan = _run("band-kl-floor", 3, [0.26, float("nan"), 0.16, 0.13, 0.11])
+    _write(es.LEDGER, nan)
+    assert "not finite" in es.validity_halt()
+    _write(es.LEDGER, _run("band-kl-floor", 3, [0.26, 0.21, 0.16, 0.13, 0.11]))
     # clip ending at a trivial policy's score (the audit's 0.004: within 10%) halts; so do dead groups
     _write(es.LEDGER, _run("clip", 1, [0.26, 0.2, 0.15, 0.12, 0.1], reward=0.0040))
     assert "within 10%" in es.validity_halt()
@@ -144,27 +151,35 @@ def test_run_resumes_from_the_ledger_block_by_block_and_stops_at_a_stop_file(tmp
     assert "excludes 0" in es.stopping_rule(es.outcomes())
 
 
-def _probe_batch(seed: int, higher_neg: float) -> dict:
+def _probe_batch(seed: int, higher_neg: float, source: str = "start") -> dict:
     def tokens(pos: float, neg: float) -> dict:
         return {f"{b}/{s}": {"tokens": 10, "mean_dlogp": v} for b in ("p<0.01", "p0.01-0.1") for s, v in
                 (("pos", pos), ("neg", neg))}  # fmt: skip
 
     methods = {
         "band-kl": tokens(0.3, -2.0),
-        "clip-higher": tokens(0.3 - 0.01 * seed, -2.0 + higher_neg),
+        "clip-higher": tokens(0.3 - 0.01 * (seed % 8), -2.0 + higher_neg),
         "band-chi2": tokens(0.3 + (0.001 if seed % 2 else -0.001), -2.0),
         "clip": tokens(0.2, -1.0),
     }
-    return {"source": "start", "seed": seed, "reward": 0.3, "methods": {m: {"tokens": t} for m, t in methods.items()}}
+    return {"source": source, "seed": seed, "reward": 0.3, "methods": {m: {"tokens": t} for m, t in methods.items()}}
 
 
 def test_the_probe_rule_joins_an_arm_only_when_all_batches_separate_it():
-    done = {"batches": [_probe_batch(s, 0.5) for s in range(8)]}
+    batches = [_probe_batch(s, 0.5, src) for src in ("start", "mid-clip") for s in es.PROBE_SEEDS]
+    done = {"batches": batches}
     lines, summary = es.probe_tables(done)
     assert summary["joins"] == ["clip-higher"]  # 8 of 8 above band-kl on rare negatives, by 0.5 nats
     assert summary["verdicts"]["clip-higher/neg"]["held"]  # predicted +
     assert not summary["verdicts"]["band-chi2/pos"]["separated"]  # 4 of 8 each way
-    assert not summary["verdicts"]["clip-higher/pos"]["separated"]  # below by 0.01-0.07 nats: under 0.1
-    _, partial = es.probe_tables({"batches": done["batches"][:6]})
+    assert not summary["verdicts"]["clip-higher/pos"]["separated"]  # 0.00-0.03 nats below, ties dropped
+    _, partial = es.probe_tables({"batches": batches[:6]})
     assert partial["joins"] == []  # 6 of 6 would pass the sign test; the rule waits for all 8
-    assert any("Pending: 6 of 8" in line for line in es.probe_tables({"batches": done["batches"][:6]})[0])
+    assert any("Pending: 6 of 8" in line for line in es.probe_tables({"batches": batches[:6]})[0])
+    # a batch without rare negative tokens (NaN) is not agreeing: 7 of 8 does not join
+    empty = _probe_batch(1003, 0.5, "mid-clip")
+    for m in empty["methods"].values():
+        for b in ("p<0.01", "p0.01-0.1"):
+            m["tokens"][f"{b}/neg"] = {"tokens": 0, "mean_dlogp": float("nan")}
+    _, seven = es.probe_tables({"batches": [*batches[:7], empty]})
+    assert seven["joins"] == []

@@ -179,7 +179,7 @@ def test_the_shared_prefix_path_gives_the_actors_replies_log_probs_entropies_and
     """The shared prefix (loop.Policy(shared_prefix=True): the few-shot turns run once a pass, their keys and
     values shared) against OpenRLHF's Actor and Hugging Face's generate on whole sequences: the same sampled and
     greedy replies token for token; log-probs and entropies within 1e-4 nats and parameter gradients within 1e-4
-    of their largest entry. float32 rounding through this 2-layer, 64-wide model moves a logit by ~5e-6 (the
+    of their largest entry. float32 rounding through this 2-layer, 128-wide model moves a logit by ~5e-6 (the
     prefix's GEMMs run on one row instead of N: another summation order); a position off by one, a mask that
     hides or shows a wrong key or a prefix from another prompt moves log-probs by > 1e-2 (the last is checked)."""
     whole, shared = loop.Policy(MODEL, threads=1), loop.Policy(MODEL, threads=1, shared_prefix=True)
