@@ -160,6 +160,8 @@ def entropy_row() -> str:
 
     rule = es.stopping_rule(result)
     state = f"stopping rule met: {rule}" if rule else "running to its stopping rule (4 to 8 blocks)"
+    if not es.PROTOCOL.exists():
+        state = "not started: the pilots are choosing the design before the protocol is registered"
     return (f"| [SmolLM2, entropy study: exactly paired GRPO loop, 24 steps, word_sequence_reversal (0/1, audited)]"
             f"(docs/smollm2_study.md#the-entropy-study) | final exact p(correct) {cell(p_correct, '')} "
             f"| band-kl {cell(primary, ' nats')}; the floor {cell(floor, ' nats')} "

@@ -8,9 +8,10 @@ Actor, the methods' real losses) on a binary-reward task that passes the shortcu
     .venv-e2e/bin/python studies/realmodel/entropy_study.py run       the study, block by block (make realmodel-entropy)
     .venv-e2e/bin/python studies/realmodel/entropy_study.py report    tables from the committed ledger
 
-The design, the outcomes, the stopping rule and the halts are pre-registered in results/entropy/protocol.md:
-`run` refuses to start while that file has changes git has not committed, and stamps each ledger entry with the
-protocol's last commit. A block is one seed, every arm; `touch out/realmodel/STOP` stops it before its next
+The design, the outcomes, the stopping rule and the halts are pre-registered in results/entropy/protocol.md
+(protocol-draft.md until the pilots have chosen the design): `run` and `probe` refuse to start while that file is
+not committed or has changes git has not committed, and stamp each ledger entry with the protocol's last commit.
+A block is one seed, every arm; `touch out/realmodel/STOP` stops it before its next
 run (the run in progress finishes; the ledger keeps every finished run: run it again to go on). One run at a
 time, never beside a test suite. Nothing here runs in CI.
 """
