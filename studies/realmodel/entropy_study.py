@@ -19,6 +19,7 @@ time, never beside a test suite. Nothing here runs in CI.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -64,8 +65,10 @@ def study_arms() -> tuple[str, ...]:
     return (*ARMS, *[a for a in PROBE_EXTRA if a in joins])
 
 
+@functools.cache
 def task() -> tuple[loop.Task, list[dict]]:
-    """(task, held-out rows): the calibrated candidate's data; exits in one line when it fails the shortcut audit."""
+    """(task, held-out rows): the calibrated candidate's data; exits in one line when it fails the shortcut audit.
+    Once a process: `run` audits before its first run and every run reuses the loaded task."""
     candidate = calibrate.BINARY[TASK]
     t, held = calibrate.study_split(candidate, WORK / "entropy-data")
     line = audit.refusal(TASK, audit.audit(held, t.train, t.reward_fn))
@@ -95,7 +98,7 @@ def settings(cfg: loop.LoopConfig = CONFIG) -> dict:
     )
 
 
-def run_one(method: str, seed: int, cfg: LoopConfig | None = None, save_mid: Path | None = None) -> dict:
+def run_one(method: str, seed: int, cfg: loop.LoopConfig | None = None, save_mid: Path | None = None) -> dict:
     """One run of `method` at `seed` (the study's config unless `cfg`); `save_mid`: write the step-6 weights there."""
     cfg = cfg or CONFIG
     t, held = task()
@@ -123,13 +126,16 @@ def run_one(method: str, seed: int, cfg: LoopConfig | None = None, save_mid: Pat
     return result
 
 
-LoopConfig = loop.LoopConfig
-
-
 # ---------------------------------------------------------------------------------------------- outcomes
 def mean_entropy(run: dict) -> float:
     """The primary's per-run value: mean exact entropy (nats) over the evaluations at steps 6..24."""
     return statistics.fmean(e["entropy"] for e in run["exact"] if e["step"] >= EVAL_EVERY)
+
+
+def late_informative(run: dict) -> float | None:
+    """The mean share of groups carrying a gradient over steps 10-12 (the validity halt's measure); None if absent."""
+    late = [s["informative_groups"] for s in run["steps"] if 10 <= s["step"] <= 12]
+    return statistics.fmean(late) if late else None
 
 
 def final_p_correct(run: dict) -> float:
@@ -244,9 +250,8 @@ def validity_halt() -> str | None:
         for name, score in shortcuts.items():
             if abs(final - score) <= 0.1 * score:
                 return f"clip seed {seed} ends at {final:.3f}, within 10% of the trivial policy {name!r} ({score:.3f})"
-        late = [s["informative_groups"] for s in clip["steps"] if 10 <= s["step"] <= 12]
-        if late and statistics.fmean(late) < 0.25:
-            share = statistics.fmean(late)
+        share = late_informative(clip)
+        if share is not None and share < 0.25:
             return f"clip seed {seed}: {share:.2f} of groups carry a gradient over steps 10-12 (< 0.25)"
     return None
 
@@ -438,25 +443,15 @@ def probe_main(start_batches: int, mid_batches: int, eval_rows: int) -> int:
             prompts = loop.step_prompts(t, seed, 1, CONFIG.prompts)
             uniforms = loop.step_uniforms(seed, 1, CONFIG.prompts * CONFIG.samples, CONFIG.max_new_tokens)
             rollout = loop.make_rollout(policy, t, prompts, CONFIG.samples, uniforms, CONFIG.max_new_tokens)
-            old = policy.packed_log_probs(policy.pack(rollout.prompt_ids, rollout.replies))
+            order = loop.derived_seed(seed, "order", 1)
             entry = {
                 "source": source,
                 "seed": seed,
                 "reward": rollout.rewards.mean().item(),
-                "informative_groups": (rollout.rewards.reshape(-1, CONFIG.samples).std(-1) > 0).float().mean().item(),
+                "informative_groups": loop.informative_share(rollout.rewards, CONFIG.samples),
                 "before": before,
-                "methods": {},
+                "methods": loop.replay(policy, weights, rollout, methods, CONFIG, order, rows),
             }
-            for method in methods:
-                policy.load_state(weights)
-                trainer = loop.Trainer(policy, None, method, CONFIG)  # a fresh Adam: identical for every method
-                batch = trainer.update(rollout, loop.derived_seed(seed, "order", 1), old=old)
-                entry["methods"][method] = {
-                    "tokens": loop.token_stats(batch),
-                    "after": loop.exact_eval(policy, rows),
-                    "clip_frac": batch["clip_frac"],
-                }
-            policy.load_state(weights)
             entry["seconds"] = round(time.time() - start, 1)
             done["batches"].append(entry)
             RESULTS.mkdir(parents=True, exist_ok=True)
@@ -557,12 +552,12 @@ def pilot_table() -> list[str]:
         r = json.loads(path.read_text())
         e = r["exact"]
         start, end = e[0]["entropy"], e[-1]["entropy"]
-        late = [s["informative_groups"] for s in r["steps"] if 10 <= s["step"] <= 12]
+        late = late_informative(r)
         rows.append([
             f"clip, lr {r['config']['lr']:g}, {r['config']['minibatches']} mini-batches",
             " -> ".join(f"{x['entropy']:.3f}" for x in e), f"{1 - end / start:.0%}",
             f"{e[0]['mean_p_correct']:.3f} -> {e[-1]['mean_p_correct']:.3f}", f"{r['sampled']['mean_reward']:.3f}",
-            f"{statistics.fmean(late):.2f}" if late else "-", f"{r['seconds'] / 60:.1f}",
+            f"{late:.2f}" if late is not None else "-", f"{r['seconds'] / 60:.1f}",
         ])  # fmt: skip
     steps = " / ".join(str(s) for s in range(0, CONFIG.steps + 1, EVAL_EVERY))
     head = ["pilot run (seed 100)", f"exact entropy at steps {steps} (nats)", "fall", "exact p(correct)",

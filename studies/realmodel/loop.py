@@ -299,7 +299,7 @@ def decode_replies(
     by_length: dict[int, list[int]] = {}
     for i, ids in enumerate(rest_ids):
         by_length.setdefault(len(ids), []).append(i)
-    length = len(prefix)
+    length, eos = len(prefix), torch.tensor(list(eos_ids))
     for width, members in sorted(by_length.items()):
         for start in range(0, len(members), batch_rows):
             chunk = members[start : start + batch_rows]
@@ -317,7 +317,7 @@ def decode_replies(
                 for k in range(n):
                     if not done[k]:
                         rows[k].append(int(token[k]))
-                done |= torch.isin(token, torch.tensor(list(eos_ids)))
+                done |= torch.isin(token, eos)
                 if bool(done.all()) or t + 1 == max_new_tokens:
                     break
                 out = model(
@@ -329,6 +329,12 @@ def decode_replies(
             for k, i in enumerate(chunk):
                 replies[i] = rows[k]
     return replies  # type: ignore[return-value]
+
+
+def informative_share(rewards: Tensor, samples: int) -> float:
+    """The share of groups (consecutive `samples` rewards) whose rewards are not all equal: the groups whose
+    group-normalised advantages are not all 0, the ones that carry a gradient."""
+    return (rewards.reshape(-1, samples).std(-1) > 0).float().mean().item()
 
 
 def group_advantages(rewards: Tensor, samples: int) -> Tensor:
@@ -462,11 +468,10 @@ class Policy:
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], uniforms: Tensor | None, max_new_tokens: int
     ) -> list[list[int]]:
-        """Each prompt's reply: `generate_replies`, or `decode_replies` after the shared prefix."""
-        if not self.shared_prefix:
-            return generate_replies(self.model, prompt_ids, uniforms, max_new_tokens, self.eos_ids, self.pad_id)
-        length = shared_prefix_length(prompt_ids)
-        if length == 0:  # nothing shared: HF generate on whole sequences
+        """Each prompt's reply: `decode_replies` after the shared prefix, or `generate_replies` on whole sequences
+        when this policy does not share one or the prompts have none."""
+        length = shared_prefix_length(prompt_ids) if self.shared_prefix else 0
+        if not length:
             return generate_replies(self.model, prompt_ids, uniforms, max_new_tokens, self.eos_ids, self.pad_id)
         rest = [p[length:] for p in prompt_ids]
         return decode_replies(
@@ -498,24 +503,9 @@ class Policy:
         batch_rows: int = 16,
         entropy: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """(N, width) log-probabilities of the action tokens (and their positions' entropies)."""
-        self.actor.eval()
-        out, ent = [], []
-        for s in range(0, len(sequences), batch_rows):
-            sl = slice(s, s + batch_rows)
-            if entropy:
-                lp, output = self.actor(
-                    sequences[sl],
-                    action_mask[sl],
-                    attention_mask=attention_mask[sl],
-                    return_output=True,
-                    return_entropy=True,
-                )
-                ent.append(output.entropy[:, -action_mask.shape[1] :])
-            else:
-                lp = self.actor(sequences[sl], action_mask[sl], attention_mask=attention_mask[sl])
-            out.append(lp)
-        return (torch.cat(out), torch.cat(ent)) if entropy else torch.cat(out)
+        """(N, width) log-probabilities of the action tokens (and their positions' entropies) of a batch in
+        `pack`'s layout, whole sequences through the Actor: `packed_log_probs` without a shared prefix."""
+        return self.packed_log_probs(Packed(sequences, attention_mask, action_mask, []), batch_rows, entropy)
 
 
 def exact_eval(policy: Policy, rows: Sequence[dict]) -> dict[str, float]:
@@ -669,6 +659,32 @@ class Trainer:
         }
 
 
+def replay(
+    policy: Policy,
+    weights: dict[str, Tensor],
+    rollout: Rollout,
+    methods: Sequence[str],
+    cfg: LoopConfig,
+    order_seed: int,
+    eval_rows: Sequence[dict],
+) -> dict[str, dict]:
+    """The replay probe's measurement of one batch: each method updates `rollout` once from `weights` (a fresh
+    Adam, the same mini-batch order, the same old log-probs), then: its per-token statistics (`token_stats`), the
+    exact evaluation of `eval_rows` after the update and its clip fraction. The policy holds `weights` again after."""
+    old = policy.packed_log_probs(policy.pack(rollout.prompt_ids, rollout.replies))
+    out = {}
+    for method in methods:
+        policy.load_state(weights)
+        batch = Trainer(policy, None, method, cfg).update(rollout, order_seed, old=old)
+        out[method] = {
+            "tokens": token_stats(batch),
+            "after": exact_eval(policy, eval_rows),
+            "clip_frac": batch["clip_frac"],
+        }
+    policy.load_state(weights)
+    return out
+
+
 def step_prompts(task: Task, seed: int, step: int, prompts: int) -> list[dict]:
     """Step `step`'s (1-based) prompts: consecutive slices of one seeded permutation of the training rows."""
     gen = torch.Generator().manual_seed(derived_seed(seed, "prompts"))
@@ -735,7 +751,7 @@ def run(
             rollout = make_rollout(policy, task, rows, cfg.samples, uniforms, cfg.max_new_tokens)
         # the log-probs after the update are read only by step 1's per-token statistics
         batch = trainer.update(rollout, derived_seed(seed, "order", step), after=step == 1, timer=timer)
-        informative = (rollout.rewards.reshape(-1, cfg.samples).std(-1) > 0).float().mean().item()
+        informative = informative_share(rollout.rewards, cfg.samples)
         row = {
             "step": step,
             "rollout_reward": rollout.rewards.mean().item(),

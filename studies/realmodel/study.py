@@ -243,27 +243,16 @@ def probe_main(start_batches: int, mid_batches: int, eval_rows: int, methods: li
             if (source, seed) in have:
                 continue
             start = time.time()
-            width = max(len(r) for r in rollout.replies)
-            seqs, att, act = loop.pack(rollout.prompt_ids, rollout.replies, policy.pad_id, width)
-            old = policy.log_probs(seqs, att, act)
             entry = {
                 "source": source,
                 "seed": seed,
                 "reward": rollout.rewards.mean().item(),
-                "informative_groups": (rollout.rewards.reshape(-1, CONFIG.samples).std(-1) > 0).float().mean().item(),
+                "informative_groups": loop.informative_share(rollout.rewards, CONFIG.samples),
                 "before": before,
-                "methods": {},
+                "methods": loop.replay(
+                    policy, weights, rollout, methods, CONFIG, loop.derived_seed(seed, "order", 1), rows
+                ),
             }
-            for method in methods:
-                policy.load_state(weights)
-                trainer = loop.Trainer(policy, None, method, CONFIG)  # a fresh Adam: identical for every method
-                batch = trainer.update(rollout, loop.derived_seed(seed, "order", 1), old=old)
-                entry["methods"][method] = {
-                    "tokens": loop.token_stats(batch),
-                    "after": loop.exact_eval(policy, rows),
-                    "clip_frac": batch["clip_frac"],
-                }
-            policy.load_state(weights)
             entry["seconds"] = round(time.time() - start, 1)
             done["batches"].append(entry)
             out_path.write_text(json.dumps(done, indent=1) + "\n")

@@ -232,3 +232,21 @@ def test_step1_rollouts_are_identical_across_the_entropy_studys_arms_with_the_sh
     shas = {arm: first_step(arm, 0) for arm in arms}
     assert len(set(shas.values())) == 1, shas
     assert first_step("clip", 1) != shas["clip"]
+
+
+def test_replay_updates_each_method_from_the_same_weights_and_restores_them(task):
+    """The replay probe's step (loop.replay, both studies' probes): each method's update starts from `weights`
+    (a method run twice gives the same numbers, bit for bit, wherever it sits in the list) and the policy holds
+    `weights` again after."""
+    policy = loop.Policy(MODEL, threads=1)
+    cfg = _cfg(1)
+    weights = policy.state()
+    rows = loop.step_prompts(task, 0, 1, cfg.prompts)
+    uniforms = loop.step_uniforms(0, 1, cfg.prompts * cfg.samples, cfg.max_new_tokens)
+    rollout = loop.make_rollout(policy, task, rows, cfg.samples, uniforms, cfg.max_new_tokens)
+    eval_rows = [{"prompt": "What is 1 plus 2?", "label": json.dumps({"entry": {"answer": "3"}})}]
+    out = loop.replay(policy, weights, rollout, ["clip", "band-kl"], cfg, 7, eval_rows)
+    again = loop.replay(policy, weights, rollout, ["band-kl"], cfg, 7, eval_rows)
+    assert out["band-kl"]["after"] == again["band-kl"]["after"]
+    assert out["band-kl"]["clip_frac"] == again["band-kl"]["clip_frac"]
+    assert all(torch.equal(v, weights[k]) for k, v in policy.model.state_dict().items())
