@@ -9,7 +9,7 @@ Actor, the methods' real losses) on a binary-reward task that passes the shortcu
     .venv-e2e/bin/python studies/realmodel/entropy_study.py report    tables from the committed ledger
 
 The design, the outcomes, the stopping rule and the halts are pre-registered in results/entropy/protocol.md
-(protocol-draft.md until the pilots have chosen the design): `run` and `probe` refuse to start while that file is
+(registered 2026-12-06 after four pilots chose lr 1e-6): `run` and `probe` refuse to start while that file is
 not committed or has changes git has not committed, and stamp each ledger entry with the protocol's last commit.
 A block is one seed, every arm; `touch out/realmodel/STOP` stops it before its next
 run (the run in progress finishes; the ledger keeps every finished run: run it again to go on). One run at a
@@ -53,9 +53,9 @@ EXACT_ROWS = 128  # held-out rows of the exact (teacher-forced) evaluations
 SAMPLED_ROWS, SAMPLED_N = 128, 2  # the final held-out sampled evaluation (the validity halt reads it)
 EVAL_EVERY = 6  # exact evaluations at steps 0, 6, 12, 18, 24
 MIN_BLOCKS, MAX_BLOCKS = 4, 8
-HALF_WIDTH = 0.05  # nats: the primary's precision stop
+HALF_WIDTH = 0.02  # nats: the primary's precision stop (protocol.md: about a quarter of clip's level in the window)
 PILOT_SEED, PROBE_SEEDS = 100, (1000, 1001, 1002, 1003)  # outside the study's seeds 0..7
-CONFIG = loop.LoopConfig(steps=24, prompts=8, samples=8, minibatches=8, lr=3e-5, max_new_tokens=24)
+CONFIG = loop.LoopConfig(steps=24, prompts=8, samples=8, minibatches=8, lr=1e-6, max_new_tokens=24)
 
 
 def study_arms() -> tuple[str, ...]:

@@ -47,8 +47,10 @@ def test_the_stopping_rule():
     assert es.stopping_rule(_outcomes(3, (0.1, 0.2))) is None  # never before 4 blocks
     assert "excludes 0" in es.stopping_rule(_outcomes(4, (0.01, 0.3)))
     assert "excludes 0" in es.stopping_rule(_outcomes(4, (-0.3, -0.01)))
-    assert "half-width" in es.stopping_rule(_outcomes(4, (-0.04, 0.05)))  # half-width 0.045 < 0.05
-    assert es.stopping_rule(_outcomes(5, (-0.06, 0.05))) is None  # 0.055: go on
+    assert es.HALF_WIDTH == 0.02  # protocol.md's precision
+    assert "half-width" in es.stopping_rule(_outcomes(4, (-0.019, 0.019)))  # half-width 0.019 < 0.02
+    assert es.stopping_rule(_outcomes(5, (-0.021, 0.021))) is None  # 0.021: go on
+    assert es.stopping_rule(_outcomes(5, (-0.04, 0.05))) is None  # the drafted 0.05 would have stopped here
     assert es.stopping_rule(_outcomes(8, (-1.0, 1.0))) == "8 blocks"
 
 
