@@ -58,10 +58,16 @@ PILOT_SEED, PROBE_SEEDS = 100, (1000, 1001, 1002, 1003)  # outside the study's s
 CONFIG = loop.LoopConfig(steps=24, prompts=8, samples=8, minibatches=8, lr=1e-6, max_new_tokens=24)
 
 
+def probe_summary() -> dict:
+    """results/entropy/probe_summary.json ({} before the probe): its verdicts, joins and whether it is complete."""
+    path = RESULTS / "probe_summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def study_arms() -> tuple[str, ...]:
-    """ARMS and the probe's candidates that joined by the protocol's rule (results/entropy/probe_summary.json)."""
-    summary = RESULTS / "probe_summary.json"
-    joins = json.loads(summary.read_text())["joins"] if summary.exists() else []
+    """ARMS and the probe's candidates that joined by the protocol's rule (none while the probe is incomplete)."""
+    done = probe_summary()
+    joins = done["joins"] if done.get("complete") else []
     return (*ARMS, *[a for a in PROBE_EXTRA if a in joins])
 
 
@@ -292,6 +298,9 @@ def commit_run(method: str, seed: int) -> None:
 
 def run_main(max_blocks: int, commit_each: bool = False) -> int:
     commit = protocol_commit()
+    if not probe_summary().get("complete"):  # an arm the probe joins runs in every block from the first
+        raise SystemExit("the replay probe is not complete: run `entropy_study.py probe` before `run` (protocol.md)")
+    arms = study_arms()
     task()  # the audit, before any run
 
     def run(method: str, seed: int) -> bool:
@@ -315,7 +324,7 @@ def run_main(max_blocks: int, commit_each: bool = False) -> int:
     stop = Stop(WORK / "STOP", said="STOP file: stopping", status=0, consumed=False, at_once=True)
     return run_seeds(
         range(min(max_blocks, MAX_BLOCKS)),
-        study_arms(),
+        arms,
         finished=lambda method, seed: Ledger(LEDGER).entry(method, seed, settings()) is not None,
         run=run,
         stop=stop,
@@ -512,7 +521,7 @@ def probe_tables(done: dict) -> tuple[list[str], dict]:
         lines += ["", f"Arms that join the study (protocol.md: separated on either sign): {joined}."]
     else:
         lines += ["", f"Pending: {len(batches)} of {2 * len(PROBE_SEEDS)} batches; no arm joins before all have run."]
-    return lines, {"verdicts": verdicts, "joins": joins}
+    return lines, {"verdicts": verdicts, "joins": joins, "complete": complete}
 
 
 def probe_report(done: dict) -> None:

@@ -140,6 +140,14 @@ def test_run_resumes_from_the_ledger_block_by_block_and_stops_at_a_stop_file(tmp
 
     monkeypatch.setattr(es, "run_one", run_one)
     _write(es.LEDGER, _run("clip", 0, [0.26, 0.2, 0.15, 0.12, 0.1]))  # an earlier sitting's run
+    with pytest.raises(SystemExit, match="probe is not complete"):  # an arm it joins runs from the first block
+        es.run_main(8)
+    (tmp_path / "probe_summary.json").write_text(json.dumps({"joins": ["band-chi2"], "complete": False}))
+    with pytest.raises(SystemExit, match="probe is not complete"):
+        es.run_main(8)
+    assert es.study_arms() == es.ARMS  # an incomplete probe joins nothing
+    (tmp_path / "probe_summary.json").write_text(json.dumps({"joins": [], "complete": True}))
+    assert ran == []
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "STOP").touch()
     assert es.run_main(8) == 0 and ran == []  # stopped before anything
