@@ -6,7 +6,8 @@ One folder per task (openrlhf_band/tasks/<folder>/) and one line in `TASKS`, the
   `openrlhf-band prepare-data` (openrlhf_band/tasks/prepare.py), and `FLAGS`, the prepare-data options only this
   task reads (any other task refuses them with one line);
 - `reward.py`: the reward file OpenRLHF loads by path (`--reward.remote_url`), with `reward_func(queries, prompts,
-  labels)` returning {"rewards", "scores", "extra_logs"} (openrlhf_band/tasks/reward_io.py: the contract);
+  labels)` returning {"rewards", "scores", "extra_logs"} (openrlhf_band/tasks/reward_io.py: the contract, and
+  `score_batch`, the body of every `reward_func`: the task supplies its per-sample scorer);
 - `agent.py`, when the task has a multi-turn agent (`--train.agent_func_path`).
 
 What the tasks share lives beside them: reward_io.py (OpenRLHF's reward I/O), pool.py (the one timed worker pool),

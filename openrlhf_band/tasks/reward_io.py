@@ -1,19 +1,24 @@
-"""What every reward file of the recipe shares: OpenRLHF's batch in, its tensors out.
+"""What every task's reward file shares: OpenRLHF's batch in, its tensors out.
 
 OpenRLHF 0.11.2 calls `reward_func(queries, prompts, labels)` (usually one sample per call, from a worker
 thread) and reads `{"rewards": Tensor[B], "scores": Tensor[B], "extra_logs": {name: Tensor[B]}}`, float32.
 A reward file must never raise, so both halves accept anything. A query is the decoded prompt + response
 (`decode(..., skip_special_tokens=False)`): `response_text` cuts the prompt off, and `SPECIAL_TOKEN_RE`
 matches the special tokens decoding leaves in it.
+
+`score_batch` is the body of every task's `reward_func`: the task supplies its per-sample scorer
+`score_one(query, prompt, label, *batch_args) -> (reward, score, *logs)`, the names of its extra_logs, the row
+a sample gets if anything fails, and how many samples it scores at once; `align`, `map_samples` and
+`as_output` are its parts.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SPECIAL_TOKEN_RE", "align", "as_output", "map_samples", "response_text"]
+__all__ = ["SPECIAL_TOKEN_RE", "align", "as_output", "map_samples", "response_text", "score_batch"]
 
 # Special tokens that `decode(..., skip_special_tokens=False)` leaves in the query (Qwen/Llama-3
 # `<|...|>`, DeepSeek `<｜...｜>`, Llama-2/Mistral `</s>`, Gemma `<eos>` / `<end_of_turn>`).
@@ -84,3 +89,34 @@ def as_output(rewards: Sequence[float], scores: Sequence[float], extra_logs: dic
         "scores": as_tensor(scores),
         "extra_logs": {name: as_tensor(values) for name, values in extra_logs.items()},
     }
+
+
+def _one_worker() -> int:
+    return 1
+
+
+def score_batch(
+    queries: Any,
+    prompts: Any,
+    labels: Any,
+    score_one: Callable[..., Sequence[float]],
+    *,
+    logs: Sequence[str],
+    failure: Sequence[float],
+    workers: Callable[[], int] = _one_worker,
+    batch_args: Callable[[], tuple] = tuple,
+) -> dict:
+    """OpenRLHF's `reward_func` for a per-sample scorer: the batch aligned (`align`), then for each sample
+    `score_one(query, prompt, label, *batch_args())` -> (reward, score, *one value per name in `logs`), on up to
+    `workers()` threads (`map_samples`), returned as OpenRLHF's dict (`as_output`): `rewards`, `scores` and
+    `extra_logs[name]` for each name in `logs`. `batch_args` and `workers` are read once per batch. Never raises:
+    if anything fails (score_one itself should not raise), every sample gets the `failure` row."""
+    queries, prompts, labels = align(queries, prompts, labels)
+    try:
+        extra = batch_args()
+        samples = [(query, prompt, label, *extra) for query, prompt, label in zip(queries, prompts, labels)]
+        rows = map_samples(score_one, samples, workers())
+    except Exception:  # one row per sample whatever happens
+        rows = [failure] * len(queries)
+    columns = [list(column) for column in zip(*rows)] if rows else [[] for _ in range(2 + len(logs))]
+    return as_output(columns[0], columns[1], dict(zip(logs, columns[2:])))

@@ -1,12 +1,13 @@
 """The reward files' shared input and output (openrlhf_band/tasks/reward_io.py): any input gives lists of the
-queries' length, the response is the query without its prompt, and the output is float32 tensors of shape [B]."""
+queries' length, the response is the query without its prompt, the output is float32 tensors of shape [B], and
+`score_batch` (every task's reward_func) puts them together around a per-sample scorer without ever raising."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text, score_batch
 
 PROMPT = "<|im_start|>user\n" + "Solve the problem below. " * 4 + "Put it after Answer:\n<|im_end|>\n"
 
@@ -36,6 +37,41 @@ def test_map_samples_keeps_the_order_on_threads():
     samples = [(i,) for i in range(20)]
     assert map_samples(lambda i: i * i, samples, workers=4) == [i * i for i in range(20)]
     assert map_samples(lambda i: i, [], workers=4) == []
+
+
+def _as_lists(out):
+    return {"rewards": out["rewards"].tolist(), "scores": out["scores"].tolist(),
+            **{name: values.tolist() for name, values in out["extra_logs"].items()}}  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_score_batch_scores_each_sample_in_order_with_the_batch_arguments(workers):
+    def score_one(query, prompt, label, scale):
+        return float(len(query)) * scale, float(label), float(prompt is None)
+
+    out = score_batch(["a", "bb", "ccc"], ["p"], [1, 0, 1], score_one, logs=("no_prompt",), failure=(9.0, 9.0, 9.0),
+                      workers=lambda: workers, batch_args=lambda: (2.0,))  # fmt: skip
+    assert _as_lists(out) == {"rewards": [2.0, 4.0, 6.0], "scores": [1.0, 0.0, 1.0], "no_prompt": [0.0, 1.0, 1.0]}
+    assert all(t.dtype == torch.float32 for t in (out["rewards"], out["scores"], *out["extra_logs"].values()))
+
+
+def test_score_batch_gives_every_sample_the_failure_row_when_anything_fails():
+    def broken(*sample):
+        raise RuntimeError("scorer")
+
+    def no_workers():
+        raise RuntimeError("workers")
+
+    expected = {"rewards": [-1.0, -1.0], "scores": [0.0, 0.0], "found": [0.0, 0.0], "timeout": [1.0, 1.0]}
+    for score_one, workers in ((broken, lambda: 1), (lambda *s: (1.0, 1.0, 1.0, 0.0), no_workers)):
+        out = score_batch(["a", "b"], None, None, score_one, logs=("found", "timeout"), failure=(-1.0, 0.0, 0.0, 1.0),
+                          workers=workers)  # fmt: skip
+        assert _as_lists(out) == expected
+
+
+def test_score_batch_of_nothing_is_empty_tensors_with_every_log():
+    out = score_batch(None, None, None, lambda *s: (1.0, 1.0, 1.0), logs=("found",), failure=(0.0, 0.0, 0.0))
+    assert _as_lists(out) == {"rewards": [], "scores": [], "found": []}
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, response_text
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, response_text, score_batch
 from openrlhf_band.tasks.text import last_boxed
 
 __all__ = ["SEARCH_WINDOW", "extract_choice", "parse_label", "reward_func"]
@@ -178,13 +178,8 @@ def _score_one(query: Any, prompt: Any, label: Any) -> tuple[float, float, float
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: +1/-1 (or 0/1 for accuracy labels) rewards, 0/1 scores. Never raises."""
-    queries, prompts, labels = align(queries, prompts, labels)
-    try:
-        rows = [_score_one(q, p, lab) for q, p, lab in zip(queries, prompts, labels)]
-    except Exception:  # _score_one does not raise; one row per sample whatever happens
-        rows = [(0.0, 0.0, 0.0)] * len(queries)
-    columns = [list(column) for column in zip(*rows)] if rows else [[], [], []]
-    return as_output(columns[0], columns[1], {"answer_found": columns[2]})
+    # one sample at a time, in this thread: a few regular-expression passes each
+    return score_batch(queries, prompts, labels, _score_one, logs=("answer_found",), failure=(0.0, 0.0, 0.0))
 
 
 def _cli(argv: Sequence[str]) -> int:

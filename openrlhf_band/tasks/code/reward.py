@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openrlhf_band import sandbox
-from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, response_text, score_batch
 
 __all__ = ["check", "extract_program", "parse_label", "reward_func", "score"]
 
@@ -202,17 +202,23 @@ def check(response: Any, tests: dict | None) -> tuple[float, dict, str | None]:
         return 0.0, logs, f"sandbox: {type(err).__name__}"
 
 
+_LOGS = ("code_found", "code_timeout", "sandbox_error")
+
+
+def _score_one(query: Any, prompt: Any, label: Any) -> tuple[float, ...]:
+    """(reward, score, code_found, code_timeout, sandbox_error) of one sample: reward and score are both 0/1."""
+    value, logs = score(response_text(query, prompt), label)
+    return (value, value, *(logs[name] for name in _LOGS))
+
+
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: 1 when every test passes, else 0; scores the same. Never raises."""
-    queries, prompts, labels = align(queries, prompts, labels)
-    try:
-        responses = [response_text(q, p) for q, p in zip(queries, prompts)]
-        rows = map_samples(score, list(zip(responses, labels)), _workers())  # as many sandboxes at once as slots
-    except Exception:  # whatever failed, one row per sample: 0, counted as a sandbox error
-        rows = [(0.0, {"code_found": 0.0, "code_timeout": 0.0, "sandbox_error": 1.0})] * len(queries)
-    values = [value for value, _ in rows]
-    names = ("code_found", "code_timeout", "sandbox_error")
-    return as_output(values, values, {name: [logs[name] for _, logs in rows] for name in names})
+    return score_batch(
+        queries, prompts, labels, _score_one,
+        logs=_LOGS,
+        failure=(0.0, 0.0, 0.0, 0.0, 1.0),  # whatever failed: 0, counted as a sandbox error
+        workers=_workers,  # as many sandboxes at once as slots
+    )  # fmt: skip
 
 
 # Refuse to start without the isolation this file promises (OpenRLHF loads it when the run starts).

@@ -62,7 +62,7 @@ from typing import Any
 
 from openrlhf_band.tasks.gym.data import ACCURACY_MODE, decode_json
 from openrlhf_band.tasks.pool import SoftTimeout, TimedPool, prepare_worker
-from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, response_text, score_batch
 
 __all__ = ["extract_answer", "reward_func", "warmup"]
 
@@ -227,12 +227,10 @@ def _score_one(query: Any, prompt: Any, label: Any, timeout: float) -> tuple[flo
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: rewards 2*score-1 (or the score, for accuracy labels), scores in [0, 1],
     each a float32 Tensor[B]; extra_logs answer_found and score_timeout, Tensor[B]. Never raises."""
-    queries, prompts, labels = align(queries, prompts, labels)
-    try:
-        timeout = POOL.timeout()
-        samples = [(q, p, lab, timeout) for q, p, lab in zip(queries, prompts, labels)]
-        rows = map_samples(_score_one, samples, POOL.worker_count())  # a batch: scored concurrently on the pool
-    except Exception:  # one row per sample whatever happens: no answer, score 0
-        rows = [(0.0, 0.0, 0.0, 0.0)] * len(queries)
-    columns = [list(column) for column in zip(*rows)] if rows else [[], [], [], []]
-    return as_output(columns[0], columns[1], {"answer_found": columns[2], "score_timeout": columns[3]})
+    return score_batch(
+        queries, prompts, labels, _score_one,
+        logs=("answer_found", "score_timeout"),
+        failure=(0.0, 0.0, 0.0, 0.0),  # no answer, score 0
+        workers=POOL.worker_count,  # a batch: scored concurrently on the pool
+        batch_args=lambda: (POOL.timeout(),),
+    )  # fmt: skip

@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openrlhf_band.tasks.pool import TimedPool
-from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, align, as_output, map_samples, response_text
+from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, response_text, score_batch
 from openrlhf_band.tasks.text import last_boxed
 
 __all__ = ["extract_answer", "is_equivalent", "make_label", "reward_func", "warmup"]
@@ -223,15 +223,13 @@ def _score_one(query: Any, prompt: Any, label: Any, timeout: float) -> tuple[flo
 
 def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict:
     """OpenRLHF's reward hook: +1/-1 (or 0/1 for accuracy labels) rewards, 0/1 scores. Never raises."""
-    queries, prompts, labels = align(queries, prompts, labels)
-    try:
-        timeout = POOL.timeout()
-        samples = [(q, p, lab, timeout) for q, p, lab in zip(queries, prompts, labels)]
-        rows = map_samples(_score_one, samples, POOL.worker_count())  # a batch: checked concurrently on the pool
-    except Exception:  # one row per sample whatever happens: no answer
-        rows = [(-1.0, 0.0, 0.0, 0.0)] * len(queries)
-    columns = [list(column) for column in zip(*rows)] if rows else [[], [], [], []]
-    return as_output(columns[0], columns[1], {"answer_found": columns[2], "verify_timeout": columns[3]})
+    return score_batch(
+        queries, prompts, labels, _score_one,
+        logs=("answer_found", "verify_timeout"),
+        failure=(-1.0, 0.0, 0.0, 0.0),  # no answer
+        workers=POOL.worker_count,  # a batch: checked concurrently on the pool
+        batch_args=lambda: (POOL.timeout(),),
+    )  # fmt: skip
 
 
 def _cli(argv: Sequence[str]) -> int:
