@@ -11,7 +11,7 @@ always matches its own reversal (docs/smollm2_study.md#the-copy-shortcut). A ris
 nothing about learning the task.
 
 The trivial policies, each an answer per held-out row, sent as `<answer>ANSWER</answer>` through the
-task's reward (reasoning-gym's scorer through openrlhf_band/tasks/gym/reward.py, with the study's
+task's reward (reasoning-gym's scorer through openrlhf_band/tasks/reasoning_gym/reward.py, with the study's
 exact-match mapping when the candidate is scored 0/1):
 
 - `empty`: an empty answer;

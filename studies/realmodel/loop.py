@@ -377,10 +377,10 @@ class Task:
 
 
 def gym_reward_fn() -> Callable[[list[str], list[str], list[str]], list[float]]:
-    """The reasoning-gym reward file that trains the engine runs (tasks/gym/reward.py): scores in [0, 1]."""
+    """The reasoning-gym reward file that trains the engine runs (tasks/reasoning_gym/reward.py): scores in [0, 1]."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "openrlhf_band" / "tasks" / "gym" / "reward.py"
+    path = Path(__file__).resolve().parents[2] / "openrlhf_band" / "tasks" / "reasoning_gym" / "reward.py"
     spec = importlib.util.spec_from_file_location("realmodel_gym_reward", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

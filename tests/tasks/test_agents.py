@@ -1,4 +1,4 @@
-"""The multi-turn agents (openrlhf_band/tasks/{agent_turns.py, code/agent.py, gym/agent.py}), run through
+"""The multi-turn agents (openrlhf_band/tasks/{agent_turns.py, code/agent.py, reasoning_gym/agent.py}), run through
 OpenRLHF 0.11.2's own `MultiTurnAgentExecutor.execute` with a scripted engine in place of vLLM.
 
 Ground truth from outside the agents: the token sequence an episode builds (prompt, replies, the
@@ -189,7 +189,7 @@ def test_visible_tests_of_each_label_form():
 
 # --------------------------------------------------------------------------------------------- gym agent
 def test_gym_agent_says_a_wrong_answer_is_wrong_and_scores_the_last_reply():
-    from openrlhf_band.tasks.gym import data as gym_data
+    from openrlhf_band.tasks.reasoning_gym import data as gym_data
 
     train, _, _ = gym_data.build({"basic_arithmetic": 1}, 1, 0, 0, {})
     label = train[0]["label"]

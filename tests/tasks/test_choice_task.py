@@ -1,4 +1,4 @@
-"""The multiple-choice task: `choice_data.build` on fixtures and `choice_reward.py` loaded as OpenRLHF loads it.
+"""The multiple-choice task (`mc`): `mc/data.py`'s build on fixtures and `mc/reward.py` loaded as OpenRLHF loads it.
 
 The fixtures (tests/fixtures/mc/) use the hub datasets' own columns: CommonsenseQA (`id`, `question`,
 `question_concept`, `choices` = {"label": [...], "text": [...]}, `answerKey`) in `train.jsonl` and
@@ -22,14 +22,14 @@ import pytest
 from reward_files import in_thread, load_reward_file
 
 from openrlhf_band.tasks import sources
-from openrlhf_band.tasks.choice import data as choice_data
-from openrlhf_band.tasks.choice.data import SourceError
+from openrlhf_band.tasks.mc import data as choice_data
+from openrlhf_band.tasks.mc.data import SourceError
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "mc"
 OVERRIDES = {"commonsense_qa": str(FIXTURES / "commonsense_qa"), "mmlu": str(FIXTURES / "mmlu")}
 BOTH = ["commonsense_qa", "mmlu"]
-REWARD_PATH = REPO / "openrlhf_band" / "tasks" / "choice" / "reward.py"
+REWARD_PATH = REPO / "openrlhf_band" / "tasks" / "mc" / "reward.py"
 
 
 reward = load_reward_file(REWARD_PATH)

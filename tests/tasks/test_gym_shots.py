@@ -19,11 +19,11 @@ import reasoning_gym
 from openrlhf.datasets.prompts_dataset import preprocess_data
 from reward_files import load_reward_file
 
-from openrlhf_band.tasks.gym import data as gym_data
-from openrlhf_band.tasks.gym.data import GymDataError
+from openrlhf_band.tasks.reasoning_gym import data as gym_data
+from openrlhf_band.tasks.reasoning_gym.data import GymDataError
 
 REPO = Path(__file__).resolve().parents[2]
-REWARD_PATH = REPO / "openrlhf_band" / "tasks" / "gym" / "reward.py"
+REWARD_PATH = REPO / "openrlhf_band" / "tasks" / "reasoning_gym" / "reward.py"
 ASSETS_PATH = REPO / "studies" / "cpu_engine" / "assets.py"
 
 TASKS = {"chain_sum": 1.0, "basic_arithmetic": 1.0}

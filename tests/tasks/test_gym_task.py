@@ -1,4 +1,4 @@
-"""The reasoning-gym task: gym_data.build() (rows, splits, manifest) and gym_reward.py (loaded as OpenRLHF loads it).
+"""The reasoning-gym task: its data.py's build() (rows, splits, manifest) and reward.py (loaded as OpenRLHF loads it).
 
 Ground truth comes from reasoning-gym itself: the items are regenerated with `create_dataset` at the
 seeds the manifest records, and every expected score is the library's scorer called directly on the
@@ -19,10 +19,10 @@ import torch
 from reasoning_gym.factory import DATASETS
 from reward_files import in_thread, load_reward_file, one_value_per_sample, rewards_via_openrlhf
 
-from openrlhf_band.tasks.gym import data as gym_data
-from openrlhf_band.tasks.gym.data import GymDataError
+from openrlhf_band.tasks.reasoning_gym import data as gym_data
+from openrlhf_band.tasks.reasoning_gym.data import GymDataError
 
-REWARD_PATH = Path(__file__).resolve().parents[2] / "openrlhf_band" / "tasks" / "gym" / "reward.py"
+REWARD_PATH = Path(__file__).resolve().parents[2] / "openrlhf_band" / "tasks" / "reasoning_gym" / "reward.py"
 TIMEOUT_S = 1.0  # OPENRLHF_BAND_GYM_REWARD_TIMEOUT in the hang tests
 DEADLINE_S = 2.0  # wall-clock bound asserted for a hanging sample (2 CPUs, a loaded machine)
 

@@ -36,8 +36,8 @@ SCRIPTS = REPO / "examples" / "scripts"
 FIXTURES = REPO / "tests" / "fixtures"
 BIN = Path(sys.executable).parent
 TASK_NAMES = ["math", "reasoning-gym", "code", "mc"]
-REWARD_FILES = {"math": "math/reward.py", "reasoning-gym": "gym/reward.py", "code": "code/reward.py",
-                "mc": "choice/reward.py"}  # fmt: skip
+REWARD_FILES = {"math": "math/reward.py", "reasoning-gym": "reasoning_gym/reward.py", "code": "code/reward.py",
+                "mc": "mc/reward.py"}  # fmt: skip
 
 
 # ============================================================================= the registry
@@ -113,7 +113,7 @@ def test_a_new_flag_is_refused_by_the_other_tasks(prepare):
 @pytest.mark.parametrize(
     ("old", "new"),
     [("reward", "openrlhf_band.tasks.math.reward"), ("code_reward", "openrlhf_band.tasks.code.reward"),
-     ("gym_agent", "openrlhf_band.tasks.gym.agent"), ("sandbox", "openrlhf_band.sandbox"),
+     ("gym_agent", "openrlhf_band.tasks.reasoning_gym.agent"), ("sandbox", "openrlhf_band.sandbox"),
      ("tasks", "openrlhf_band.tasks"), ("data", "openrlhf_band.tasks.math.data")],
 )  # fmt: skip
 def test_an_old_recipe_path_fails_with_one_line_naming_the_new_one(old, new):
@@ -218,8 +218,8 @@ def test_prepare_data_reasoning_gym_offline(prepare, tmp_path):
     assert len(train) == 4 and len(evals) == 2
     assert {r["datasource"] for r in train} == {r["datasource"] for r in evals} == {"basic_arithmetic", "chain_sum"}
     assert all(set(r) == {"prompt", "label", "datasource"} for r in train + evals)
-    assert manifest["task"] == "reasoning-gym" and manifest["reward_file"] == "openrlhf_band.tasks.gym.reward"
-    assert stdout.rstrip().endswith(f"--reward.remote_url {TASKS_DIR / 'gym' / 'reward.py'}")
+    assert manifest["task"] == "reasoning-gym" and manifest["reward_file"] == "openrlhf_band.tasks.reasoning_gym.reward"
+    assert stdout.rstrip().endswith(f"--reward.remote_url {TASKS_DIR / 'reasoning_gym' / 'reward.py'}")
 
 
 MC_SOURCES = ("--source", f"commonsense_qa={FIXTURES / 'mc' / 'commonsense_qa'}",
@@ -233,8 +233,8 @@ def test_prepare_data_mc(prepare, tmp_path):
     train, evals, manifest = _read(out)
     assert train and evals
     assert {r["datasource"] for r in evals} == {"commonsense_qa", "mmlu"}
-    assert manifest["reward_file"] == "openrlhf_band.tasks.choice.reward"
-    assert stdout.rstrip().endswith(f"--reward.remote_url {TASKS_DIR / 'choice' / 'reward.py'}")
+    assert manifest["reward_file"] == "openrlhf_band.tasks.mc.reward"
+    assert stdout.rstrip().endswith(f"--reward.remote_url {TASKS_DIR / 'mc' / 'reward.py'}")
 
 
 def test_prepare_data_mc_manifest_names_the_task(prepare, tmp_path):

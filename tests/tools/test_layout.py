@@ -22,6 +22,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from openrlhf_band.tasks import TASKS
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "openrlhf_band"
 BELOW_INTEGRATION = {"band", "ops", "functional", "objectives"}
@@ -96,7 +98,7 @@ def test_each_task_folder_stands_alone():
     prepare.py, the prepare-data command over every task, reaches them through the registry."""
     tasks_dir = PACKAGE / "tasks"
     folders = {p.name for p in tasks_dir.iterdir() if (p / "__init__.py").exists()}
-    assert folders == {"math", "gym", "code", "choice"}
+    assert folders == {task.folder for task in TASKS.values()}  # one folder per registered task, named after it
     wrong = []
     for path in [*tasks_dir.rglob("*.py"), *(PACKAGE / "sandbox").rglob("*.py")]:
         rel = path.relative_to(PACKAGE)

@@ -1,6 +1,6 @@
-"""The reasoning-gym reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/gym/reward.py`.
+"""The reasoning-gym reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/reasoning_gym/reward.py`.
 
-For the rows that openrlhf_band/tasks/gym/data.py writes. The contract is reward.py's: OpenRLHF
+For the rows that openrlhf_band/tasks/reasoning_gym/data.py writes. The contract is reward.py's: OpenRLHF
 loads this file with `importlib.util.spec_from_file_location` (only absolute imports work here) and
 calls `reward_func([query], [prompt], [label])` from a worker thread, one sample per call; `query` is
 the decoded prompt + response (special tokens included), `prompt` the chat-templated prompt, `label`
@@ -22,7 +22,7 @@ score); `scores` = score (for dynamic filtering); `extra_logs`: `answer_found` (
 `score_timeout` (0/1).
 
 Label: the JSON string `{"task": name, "entry": {"question", "answer", "metadata"}, "config": {...}?,
-"reward": "accuracy"?}`, metadata tuples and non-string keys tagged by `gym_data.encode_json` and
+"reward": "accuracy"?}`, metadata tuples and non-string keys tagged by `data.encode_json` and
 restored here before scoring.
 
 Bounded time: scorers can be slow or hang (several parse the model's answer with sympy). Scoring
@@ -60,13 +60,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from openrlhf_band.tasks.gym.data import ACCURACY_MODE, decode_json
 from openrlhf_band.tasks.pool import SoftTimeout, TimedPool, prepare_worker
+from openrlhf_band.tasks.reasoning_gym.data import ACCURACY_MODE, decode_json
 from openrlhf_band.tasks.reward_io import SPECIAL_TOKEN_RE, response_text, score_batch
 
 __all__ = ["extract_answer", "reward_func", "warmup"]
 
-WORKER_MODULE = "openrlhf_band.tasks.gym.reward"  # the importable name of this file, for the workers
+WORKER_MODULE = "openrlhf_band.tasks.reasoning_gym.reward"  # the importable name of this file, for the workers
 MAX_ANSWER_CHARS = 20_000  # longer answers count as no answer (reasoning-gym's longest answers: ~5k)
 SEARCH_WINDOW = 4 * MAX_ANSWER_CHARS  # only the response's last characters are searched
 MAX_LABEL_CHARS = 2_000_000

@@ -1,12 +1,12 @@
 """The reasoning-gym task as a multi-turn agent that answers a wrong answer: pass `--train.agent_func_path
-openrlhf_band/tasks/gym/agent.py` (`python -m openrlhf_band.tasks agent-file reasoning-gym` prints the path) in
-place of `--reward.remote_url`.
+openrlhf_band/tasks/reasoning_gym/agent.py` (`python -m openrlhf_band.tasks agent-file reasoning-gym` prints the
+path) in place of `--reward.remote_url`.
 
 An episode: the model answers; a full-score answer ends it; otherwise the environment says, as the next
 user turn, that the answer is not correct (or that no `<answer>...</answer>` was found), without
 revealing the right one, and the model tries again, up to OPENRLHF_BAND_AGENT_TURNS replies (default 3) or
 as many as the context has room for.
-The reward is the reasoning-gym reward's on the last reply (`tasks/gym/reward.py`: 2 * score - 1 for training
+The reward is the reasoning-gym reward's on the last reply (`tasks/reasoning_gym/reward.py`: 2 * score - 1 for training
 labels, the score for accuracy labels; partial credit as reasoning-gym gives it), given at the last turn
 (the earlier turns get 0: OpenRLHF sums them). extra_logs (of the last turn): `answer_found`,
 `score_timeout` (as the reward's) and `agent_turns`.
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from openrlhf_band.tasks.agent_turns import Episode, TurnAgentExecutor, max_turns, user_turn
-from openrlhf_band.tasks.gym import reward as gym_reward
+from openrlhf_band.tasks.reasoning_gym import reward as gym_reward
 
 NO_ANSWER = "I found no final answer in your reply. Give your final answer inside <answer></answer> tags."
 WRONG = "That answer is not correct. Think again, then give your final answer inside <answer></answer> tags."

@@ -4,7 +4,7 @@
 task of `openrlhf_band/tasks/math/data.py`, as `train.jsonl`, `eval.jsonl` and `manifest.json`.
 
 - train rows: the training splits of `train_sources`. Label: the JSON string
-  `{"answer": "B", "choices": ["A", "B", "C", "D"]}`, for which `choice_reward.py` returns +1 / -1.
+  `{"answer": "B", "choices": ["A", "B", "C", "D"]}`, for which `reward.py` returns +1 / -1.
 - eval rows: the evaluation splits of `eval_sources`, optionally subsampled. Label:
   `{"answer": "B", "choices": [...], "reward": "accuracy"}`, for which the reward is the 0/1 accuracy,
   so OpenRLHF's eval metrics are accuracies.
@@ -12,7 +12,7 @@ task of `openrlhf_band/tasks/math/data.py`, as `train.jsonl`, `eval.jsonl` and `
 Every row is `{"prompt": ..., "label": ..., "datasource": <source name>}`. The prompt
 (`PROMPT_TEMPLATE`, `format_prompt`) is plain text: an instruction to end the response with the line
 `Answer: $LETTER`, the question, then one line per choice, `A. text`; OpenRLHF applies the chat template.
-Pass the reward file with `--reward.remote_url openrlhf_band/tasks/choice/reward.py`; the other
+Pass the reward file with `--reward.remote_url openrlhf_band/tasks/mc/reward.py`; the other
 OpenRLHF flags are those of data.py (`--data.input_key prompt --data.label_key label
 --data.apply_chat_template`), and the eval metrics come out as `eval_{datasource}_pass1`, e.g.
 `eval_mmlu_pass1`.
@@ -350,7 +350,7 @@ def _rows(entry: _Resolved, dataset, stats: dict) -> Iterator[tuple[str, list[tu
         raise SourceError(
             f"source '{entry.name}' ({entry.origin}, split {entry.split}): no column"
             f" {', '.join(map(repr, absent))} (columns: {', '.join(names)});"
-            " the column names are in SOURCES in openrlhf_band/tasks/choice/data.py"
+            " the column names are in SOURCES in openrlhf_band/tasks/mc/data.py"
         )
     for row in iter_rows(dataset, columns):
         stats["rows_read"] += 1

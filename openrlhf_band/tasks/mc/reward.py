@@ -1,4 +1,4 @@
-"""The multiple-choice reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/choice/reward.py`.
+"""The multiple-choice reward as an OpenRLHF 0.11.2 reward file: `--reward.remote_url .../tasks/mc/reward.py`.
 
 The contract is that of `openrlhf_band/tasks/math/reward.py` (see its docstring): OpenRLHF loads this file
 with `importlib.util.spec_from_file_location` (so only absolute imports work here) and calls
@@ -28,7 +28,7 @@ Reward: exact match of that letter with the label's answer. Match: reward +1, sc
 answer, another letter, a malformed label): reward -1, score 0. For accuracy labels the reward is 1 / 0.
 `extra_logs["answer_found"]` is 1 when a letter among the choices was extracted.
 
-Label format (written by `openrlhf_band/tasks/choice/data.py`):
+Label format (written by `openrlhf_band/tasks/mc/data.py`):
 
 - `{"answer": "B", "choices": ["A", "B", "C", "D"]}` (a JSON string, or such a dict): +1 / -1;
 - the same with `"reward": "accuracy"`: 1 / 0, so OpenRLHF's eval metrics are accuracies;
@@ -184,7 +184,7 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
 
 def _cli(argv: Sequence[str]) -> int:
     if len(argv) != 2:
-        print("usage: choice_reward.py RESPONSE LABEL   (or pass this file to OpenRLHF as --reward.remote_url)")
+        print("usage: reward.py RESPONSE LABEL   (or pass this file to OpenRLHF as --reward.remote_url)")
         return 2
     gold, allowed, _ = parse_label(argv[1])
     result = reward_func([argv[0]], [""], [argv[1]])

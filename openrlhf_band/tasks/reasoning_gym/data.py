@@ -21,7 +21,7 @@ default system prompt (its `SYSTEM_PROMPTS["default"]`, which asks for the final
 is applied by OpenRLHF. The label is a JSON string `{"task": ..., "entry": {"question": ...,
 "answer": ..., "metadata": ...}}` (plus `"config": options` when the task has options, so that the
 scorer is built with the same config; plus `"reward": "accuracy"` in eval rows), which
-openrlhf_band/tasks/gym/reward.py scores with the library's own `score_answer`. reasoning-gym
+openrlhf_band/tasks/reasoning_gym/reward.py scores with the library's own `score_answer`. reasoning-gym
 metadata holds tuples (grids, coordinates, difficulty ranges) and dicts with int keys, which plain JSON
 would turn into lists and string keys (arc_agi's scorer then never matches): `encode_json` tags them
 (`{"__tuple__": [...]}`, `{"__map__": [[key, value], ...]}`) and `decode_json` restores them. An item
@@ -39,7 +39,7 @@ OpenRLHF 0.11.2 flags for these files::
 
     --data.prompt_dataset DIR/train.jsonl --eval.dataset DIR/eval.jsonl
     --data.input_key prompt --data.label_key label --data.apply_chat_template
-    --reward.remote_url openrlhf_band/tasks/gym/reward.py
+    --reward.remote_url openrlhf_band/tasks/reasoning_gym/reward.py
 
 `PromptDataset` always reads the field `datasource`, and the trainer reports `eval_<task>_pass1` (mean
 accuracy, partial credit included) and `eval_<task>_pass<n>` for each task. Do not pass
@@ -407,7 +407,7 @@ def _shots(tasks: dict[str, float], shots: int, seed: int, options: dict) -> tup
     return shown, keys
 
 
-_OPEN, _CLOSE = "<answer>", "</answer>"  # the format gym_reward reads
+_OPEN, _CLOSE = "<answer>", "</answer>"  # the format reward.py reads
 
 
 def _reasoning_gym_version() -> str:
