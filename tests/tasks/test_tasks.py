@@ -18,7 +18,6 @@ import importlib
 import inspect
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,6 @@ import torch
 from reward_files import load_reward_file
 
 from openrlhf_band import tasks
-from openrlhf_band.recipe import moved_message
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS_DIR = REPO / "openrlhf_band" / "tasks"
@@ -108,31 +106,6 @@ def test_a_new_flag_is_refused_by_the_other_tasks(prepare):
     status, _, err = prepare("--out", "/nonexistent", "--source", "mc", "--shots", "2")
     assert status == 1
     assert err.strip() == "openrlhf-band prepare-data: error: --shots is for --source reasoning-gym, not mc"
-
-
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [("reward", "openrlhf_band.tasks.math.reward"), ("code_reward", "openrlhf_band.tasks.code.reward"),
-     ("gym_agent", "openrlhf_band.tasks.reasoning_gym.agent"), ("sandbox", "openrlhf_band.sandbox"),
-     ("tasks", "openrlhf_band.tasks"), ("data", "openrlhf_band.tasks.math.data")],
-)  # fmt: skip
-def test_an_old_recipe_path_fails_with_one_line_naming_the_new_one(old, new):
-    """Paths a user may have copied from before the tasks had folders: an import, `python -m`, and a reward or
-    agent file handed to OpenRLHF by path."""
-    done = subprocess.run([sys.executable, "-c", f"import openrlhf_band.recipe.{old}"], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
-        f"ImportError: {moved_message(old)}"
-    ), done.stderr
-    assert f"has moved to {new}" in moved_message(old)
-    old_file = REPO / "openrlhf_band" / "recipe" / f"{old}.py"
-    if old_file.exists():  # the reward and agent files: loaded by path, as OpenRLHF loads them
-        with pytest.raises(ImportError, match=f"^{re.escape(moved_message(old))}$"):
-            load_reward_file(old_file, "old_path")
-        assert "python -m openrlhf_band.tasks" in moved_message(old)
-    done = subprocess.run([sys.executable, "-m", "openrlhf_band.recipe.tasks", "reward-file", "code"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 1 and "openrlhf_band.recipe.tasks has moved to openrlhf_band.tasks" in done.stderr
 
 
 def test_unknown_task_names_the_valid_ones():

@@ -7,7 +7,6 @@
     tasks                         the tasks (one folder each) and what they share; the code task on sandbox;
                                   nothing of the loss
     launcher                      the launcher's support (results table, model preparation, Ray job): on tasks
-    recipe                        old paths only: each fails with one line naming its new home
     bench                         the benchmarks: on band, ops, functional (and tasks, sandbox for theirs)
     tools                         the CLI and its commands, on top of everything
 
@@ -37,7 +36,6 @@ ALLOWED = {
     "sandbox": set(),
     "tasks": {"sandbox"},
     "launcher": {"tasks"},
-    "recipe": set(),
     "bench": {"band", "ops", "functional", "tasks", "sandbox"},
     "tools": BELOW_INTEGRATION | {"integration", "patching", "tasks", "launcher", "bench"},
 }
