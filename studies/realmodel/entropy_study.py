@@ -478,16 +478,15 @@ def probe_tables(done: dict) -> tuple[list[str], dict]:
     batches = done["batches"]
     lines = [
         "Rare sampled tokens (old p < 0.1): mean change of log-probability (nats) after one rollout's update from "
-        "identical weights, per batch.",
+        "identical weights, per batch (-: the batch has no rare token of that advantage sign).",
         "",
     ]
     methods = ("band-kl", *PROBE_EXTRA, "clip")
     head = ["batch", "reward", *[f"{m} {s}" for m in methods for s in ("+A", "-A")]]
     rows = []
     for b in batches:
-        cells = [
-            f"{study._pooled(b['methods'][m]['tokens'], study.RARE, s):+.3f}" for m in methods for s in ("pos", "neg")
-        ]
+        pooled = [study._pooled(b["methods"][m]["tokens"], study.RARE, s) for m in methods for s in ("pos", "neg")]
+        cells = [f"{x:+.3f}" if x == x else "-" for x in pooled]  # NaN: no rare token of that sign in the batch
         rows.append([f"{b['source']} {b['seed']}", f"{b['reward']:.3f}", *cells])
     lines += markdown_table(head, rows)
     verdicts = {}
