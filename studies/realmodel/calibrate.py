@@ -85,7 +85,7 @@ def prepare(args: list[str], out: Path, size: int, eval_size: int) -> Path:
 class Candidate:
     """A task setting as a study uses it: what prepares its data, how its reward is read, and the split sizes.
 
-    reward: "partial" = the reasoning-gym scorer's value through tasks/gym/reward.py (partial credit
+    reward: "partial" = the reasoning-gym scorer's value through tasks/reasoning_gym/reward.py (partial credit
     included); "exact" = 1 when that value is 1 (the scorer's exact match), else 0. held_rows: the held-out
     rows a study evaluates on (the first ones, tasks round-robin), which the audit scores."""
 

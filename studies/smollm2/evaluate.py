@@ -34,7 +34,7 @@ from pathlib import Path
 from openrlhf_band.integration.metrics import _BIN_NAMES, METRIC_PROB_BINS
 
 ROOT = Path(__file__).resolve().parents[2]
-REWARD_FILE = ROOT / "openrlhf_band" / "tasks" / "gym" / "reward.py"
+REWARD_FILE = ROOT / "openrlhf_band" / "tasks" / "reasoning_gym" / "reward.py"
 # the band's metric bins (band/tokens_<bin>): (lo, hi, name), the last one closed at 1
 BINS = tuple(zip(METRIC_PROB_BINS[:-1], METRIC_PROB_BINS[1:], _BIN_NAMES))
 

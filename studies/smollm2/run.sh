@@ -80,7 +80,7 @@ SMOL_ARGS=(
   --actor.model_name_or_path "$MODEL"
   --data.prompt_dataset "$DATA/train.jsonl" --data.input_key prompt --data.label_key label
   --data.max_samples "$((STEPS * PROMPTS))" --data.max_len 512
-  --reward.remote_url "$ROOT/openrlhf_band/tasks/gym/reward.py"
+  --reward.remote_url "$ROOT/openrlhf_band/tasks/reasoning_gym/reward.py"
   --rollout.batch_size "$PROMPTS" --rollout.n_samples_per_prompt "$SAMPLES"
   --rollout.micro_batch_size 8 --train.batch_size "$TRAIN_BATCH" --train.micro_batch_size "$MICRO"
   --rollout.max_new_tokens 24
