@@ -6,8 +6,9 @@ patched OpenRLHF, the CLI) does not import torch and every layer before it is ne
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from openrlhf_band._lazy import lazy_names
 
 _PUBLIC = {
     "band_bounds": "openrlhf_band.band.bounds",
@@ -56,13 +57,4 @@ if TYPE_CHECKING:
     from openrlhf_band.ops.token_loss import BandTokenLoss
 
 
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'openrlhf_band' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

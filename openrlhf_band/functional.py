@@ -22,7 +22,7 @@ import os
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.dcpo import dcpo_rule_bounds
+from openrlhf_band.band.rules import RULES
 from openrlhf_band.band.spec import BandSpec, is_real_number, radius_view, spec_from_keywords
 from openrlhf_band.ops.fallback import BandKernelFallbackWarning, run_kernel
 from openrlhf_band.ops.reference import band_token_loss_reference
@@ -196,8 +196,8 @@ def band_token_loss_from_spec(
             f"advantages of shape {tuple(advantages.shape)} do not fit log_probs of shape "
             f"{tuple(log_probs.shape)}: expected per token (same shape) or, for (B, T), per sequence (B, 1) / (B,)"
         )
-    if bounds is None and spec.rule == "dcpo":
-        bounds = dcpo_rule_bounds(spec, old_log_probs, apply_floor=False)  # the loss applies the floor
+    if bounds is None and not RULES[spec.rule].roots_in_kernel:  # e.g. DCPO's: computed here, handed to the kernel
+        bounds = RULES[spec.rule].bounds(spec, old_log_probs, None, False)[:2]  # the loss applies the floor
     if bounds is not None:
         bounds = _given_bounds(bounds, log_probs, action_mask)
     if backend == "triton" and log_probs.dtype == torch.float64:

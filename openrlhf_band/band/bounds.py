@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.dcpo import dcpo_rule_bounds
 from openrlhf_band.band.divergences import Divergence, get_divergence
+from openrlhf_band.band.rules import RULES
 from openrlhf_band.band.spec import BandSpec, spec_from_keywords
 
 # log of the smallest positive float64 (subnormal): a lower bracket for log q that is below every
@@ -660,9 +660,7 @@ def spec_bounds(spec: BandSpec, old_log_probs: Tensor, radius: Tensor | None = N
     tensor in place of spec.delta (per token, or per sequence (B, 1) / (B,)). Shapes and dtypes as
     `band_bounds`."""
     spec.check_radius(radius)
-    if spec.rule == "dcpo":
-        return dcpo_rule_bounds(spec, old_log_probs)
-    lower, upper, _ = spec_bounds_with_edge(spec, old_log_probs, radius)
+    lower, upper, _ = RULES[spec.rule].bounds(spec, old_log_probs, radius, True)
     return lower, upper
 
 

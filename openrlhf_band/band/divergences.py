@@ -62,6 +62,10 @@ class Divergence:
             over u = log(g_edge(p) - delta), the log-distance to its saturation edge, in which the
             roots are smooth up to the edge (their derivative in p blows up there). Such a
             divergence's edge functions must not use p (the table path passes p=None).
+        radius_bound: the supremum of g over every p in (0, 1) and r in [0, 1/p], for a divergence bounded on
+            the simplex (tv: 1, hellinger: 2), else None: at a radius at or past it every token's band is the
+            whole simplex [0, 1/p], no trust region at all, so the training entry points refuse it
+            (`check_radius_in_range`); the bounds themselves stay defined there.
         lower_at_p_one and the edge functions take delta as a float or a tensor (per token).
     """
 
@@ -78,6 +82,7 @@ class Divergence:
     tabulate: bool = False
     lower_table_bracket: Callable[[float], float] | None = None
     edge_inverse: tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]] | None = None
+    radius_bound: float | None = None
 
 
 _REGISTRY: dict[str, Divergence] = {}
@@ -99,6 +104,19 @@ def register_divergence(divergence: Divergence) -> Divergence:
         raise ValueError(f"divergence {divergence.name!r} needs a closed form or g and dg/dlog q")
     _REGISTRY[divergence.name] = divergence
     return divergence
+
+
+def check_radius_in_range(name: str, radius: float | None, what: str = "delta", *, lower_only: bool = False) -> None:
+    """ValueError when a radius is at or past the divergence's `radius_bound` (its band would be [0, 1/p] for
+    every token: no trust region), naming the range; nothing for an unbounded divergence or a radius of None.
+    `lower_only`: the radius of the lower root alone (every token's lower bound would be 0)."""
+    bound = get_divergence(name).radius_bound
+    if radius is not None and bound is not None and not radius < bound:
+        lost = "every token's lower bound is 0" if lower_only else "every token's band is [0, 1/p]: no trust region"
+        raise ValueError(
+            f"{what} {radius:g} is outside {name}'s range (0, {bound:g}): {name} is at most {bound:g} on the simplex, "
+            f"so at {what} >= {bound:g} {lost}: take {what} < {bound:g}"
+        )
 
 
 def get_divergence(name: str) -> Divergence:
@@ -162,6 +180,7 @@ register_divergence(
         g_at_lower_edge=lambda x, p, one_minus_p: p,
         lower_at_p_one=lambda delta: _at_least_zero(1.0 - delta),
         closed_form=_tv_closed_form,
+        radius_bound=1.0,  # g = p |r - 1| <= max(p, 1 - p) < 1
     )
 )
 
@@ -259,6 +278,7 @@ register_divergence(
         g_at_lower_edge=lambda x, p, one_minus_p: 2.0 * p / (1.0 + torch.sqrt(one_minus_p)),
         lower_at_p_one=lambda delta: _at_least_zero(1.0 - delta / 2.0) ** 2,
         closed_form=_hellinger_closed_form,
+        radius_bound=2.0,  # g = 2 - 2 cos(b - a) at the edges: 2 (1 - sqrt(p)) or 2 (1 - sqrt(1 - p)), < 2
     )
 )
 

@@ -36,9 +36,9 @@ import torch
 from torch import Tensor
 
 from openrlhf_band.band.divergences import Divergence, get_divergence
+from openrlhf_band.band.rules import DPPO, RULES, get_rule
 
-RULES = ("trust_region", "dcpo", "dppo")
-DPPO_DIVERGENCES = ("tv", "kl")
+DPPO_DIVERGENCES = DPPO.divergences
 
 
 def is_real_number(value) -> bool:
@@ -128,7 +128,7 @@ class BandSpec:
         lower_delta: the lower root's radius when it differs from delta (asymmetric radii, as
             DPPO's delta_low); a scalar radius only.
         ratio_truncation: c > 0: an unclipped token's gradient weight is min(r, c) (DPPO's).
-        rule: "trust_region", "dppo" or "dcpo" (module docstring).
+        rule: a name in `openrlhf_band.band.rules.RULES` ("trust_region", "dcpo", "dppo"; module docstring).
         dcpo_eps: (eps_low, eps_high) of the dcpo rule, which needs them; None for the others.
     """
 
@@ -143,26 +143,11 @@ class BandSpec:
     dcpo_eps: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
-        if self.rule not in RULES:
-            raise ValueError(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}")
+        rule = get_rule(self.rule)
         div, delta = validate_band(self.divergence, self.delta, self.upper_cap, self.relax,
                                    lower_floor=self.lower_floor, lower_delta=self.lower_delta)  # fmt: skip
         validate_ratio_truncation(self.ratio_truncation)
-        if self.rule == "dppo":
-            if div.name not in DPPO_DIVERGENCES:
-                raise ValueError(f"the dppo rule takes divergence tv or kl (DPPO's binary TV / KL), got {div.name!r}")
-            refused = [name for name in ("upper_cap", "relax", "lower_floor") if getattr(self, name) is not None]
-            if refused:
-                raise ValueError(f"the dppo rule has no {refused[0]} (DPPO's mask is the binary trust region alone)")
-        if self.rule == "dcpo":
-            if self.dcpo_eps is None or len(self.dcpo_eps) != 2:
-                raise ValueError(f"the dcpo rule needs dcpo_eps = (eps_low, eps_high), got {self.dcpo_eps!r}")
-            validate_dcpo(*self.dcpo_eps, upper_cap=self.upper_cap)
-            if self.lower_delta is not None or self.ratio_truncation is not None:
-                raise ValueError("lower_delta and ratio_truncation are DPPO's: the dcpo rule takes neither")
-            object.__setattr__(self, "dcpo_eps", tuple(float(e) for e in self.dcpo_eps))
-        elif self.dcpo_eps is not None:
-            raise ValueError(f"dcpo_eps is the dcpo rule's: the {self.rule} rule does not take it")
+        rule.check_spec(self, div)
         # one canonical value per option: plain floats and tuples (hashable, the same spec from an
         # int, a numpy scalar or a list)
         object.__setattr__(self, "divergence", div.name)
@@ -180,8 +165,8 @@ class BandSpec:
             return
         if self.lower_delta is not None:
             raise ValueError("lower_delta takes a number delta (asymmetric radii are scalar), got a delta tensor")
-        if self.rule == "dcpo":
-            raise ValueError("the dcpo rule's bounds depend on its eps alone: it takes no radius")
+        if not RULES[self.rule].has_radius:
+            raise ValueError(f"the {self.rule} rule's bounds depend on its eps alone: it takes no radius")
 
 
 def radius_view(radius: Tensor, reference: Tensor) -> Tensor:

@@ -13,8 +13,9 @@ stand-ins in `compat` need einops and transformers, which a bare `pip install -e
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from openrlhf_band._lazy import lazy_names
 
 _PUBLIC = {
     "all_gather": "openrlhf_band.integration.compat",
@@ -40,6 +41,9 @@ _PUBLIC = {
     "loss_metrics": "openrlhf_band.integration.hooks",
     "band_metrics": "openrlhf_band.integration.metrics",
     "LOSS_TYPES": "openrlhf_band.integration.objective_flags",
+    "POLICY_LOSSES": "openrlhf_band.integration.loss_registry",
+    "loss_entry": "openrlhf_band.integration.loss_registry",
+    "OpenRLHFPolicyLoss": "openrlhf_band.integration.openrlhf_loss",
     "ObjectivePolicyLoss": "openrlhf_band.integration.objective_loss",
     "make_policy_loss": "openrlhf_band.integration.objective_loss",
     "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
@@ -48,6 +52,9 @@ __all__ = [
     "BandPolicyLoss",
     "LOSS_TYPES",
     "ObjectivePolicyLoss",
+    "OpenRLHFPolicyLoss",
+    "POLICY_LOSSES",
+    "loss_entry",
     "add_band_arguments",
     "add_fused_logprobs_argument",
     "add_loss_arguments",
@@ -103,19 +110,12 @@ if TYPE_CHECKING:
         loss_class_and_kwargs,
         loss_metrics,
     )
+    from openrlhf_band.integration.loss_registry import POLICY_LOSSES, loss_entry
     from openrlhf_band.integration.metrics import band_metrics
     from openrlhf_band.integration.objective_flags import LOSS_TYPES
     from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss, make_policy_loss
+    from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
 
 
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'openrlhf_band.integration' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

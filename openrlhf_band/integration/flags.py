@@ -17,8 +17,9 @@ from openrlhf_band.band.adaptive import (
     validate_adaptive,
 )
 from openrlhf_band.band.dcpo import DCPO_DEFAULT_EPS
-from openrlhf_band.band.divergences import DIVERGENCES
-from openrlhf_band.band.spec import DPPO_DIVERGENCES, BandSpec
+from openrlhf_band.band.divergences import DIVERGENCES, check_radius_in_range
+from openrlhf_band.band.rules import DPPO_DEFAULT_TRUNCATION, OWNED, RULES, flag_name
+from openrlhf_band.band.spec import BandSpec
 from openrlhf_band.functional import BACKENDS
 from openrlhf_band.integration.fused_head import fused_logprobs_config
 from openrlhf_band.integration.objective_flags import (
@@ -28,6 +29,7 @@ from openrlhf_band.integration.objective_flags import (
     uses_band_bounds,
     validate_objective_arguments,
 )
+from openrlhf_band.integration.parser_errors import OneLineErrors
 
 # The authors' runs: kl, delta 0.05, upper cap 10, relax off (an ablation the paper reports as harmful).
 BAND_DEFAULTS = {
@@ -48,29 +50,8 @@ BAND_DEFAULTS = {
     "delta_low_high": None,
     "dppo_truncation": None,
 }
-BAND_RULES = ("trust_region", "dcpo", "dppo")
-#: DPPO's truncation c of the importance ratio in its gradient weight min(r, c). The DPPO authors'
-#: scripts (verl-project/verl examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh: radii tv 0.15, kl 0.05)
-#: pass clip_ratio_c=10000.0: a large c, as verl's dppo code advises
-#: ("a large threshold is recommended to avoid performance degradation due to the truncation bias",
-#: the paper's section 5.4). verl's dppo functions fall back to 20 only without a config value, which its
-#: trainer never lacks: its ActorConfig sets clip_ratio_c = 3.0, the dual-clip constant of its PPO loss,
-#: which a verl user who does not pass clip_ratio_c gets as DPPO's truncation.
-DPPO_DEFAULT_TRUNCATION = 1e4
-# the flag of each band option, as error messages name it (two have short aliases users type)
-_SHORT_FLAGS = {"divergence": "--band_divergence", "delta": "--band_delta"}
-_ADAPTIVE_KEYS = ("adaptive", "entropy_power", "delta_range", "target_entropy", "controller_rate")
-
-
-def _flags(*keys: str) -> dict[str, str]:
-    return {key: _SHORT_FLAGS.get(key, f"--actor.band.{key}") for key in keys}
-
-
-# the trust region's own knobs: they mean nothing to DCPO's rule, so with it they are refused
-TRUST_REGION_ONLY = _flags("divergence", "delta", "relax", *_ADAPTIVE_KEYS)
-# the flags DPPO's rule cannot take: its mask has no cap, no relax, no floor and no adaptive radius
-DPPO_REFUSED = _flags("upper_cap", "relax", "lower_floor", *_ADAPTIVE_KEYS)
-DPPO_ONLY = _flags("delta_low_high", "dppo_truncation")
+#: --actor.band.rule's choices: openrlhf_band.band.rules.RULES, where each rule declares what it takes
+BAND_RULES = tuple(RULES)
 
 
 def _lower_floor(text: str) -> float:
@@ -178,9 +159,11 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
 def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
     """Fill band defaults when the band loss is selected; reject bad or orphaned band flags.
 
-    `args` is the hierarchized namespace (`args.actor.band.delta`); errors go through
-    `parser.error`, i.e. a usage message and exit status 2 at parse time.
+    `args` is the hierarchized namespace (`args.actor.band.delta`); a refusal is one line on stderr
+    and exit status 2 at parse time (`parser_errors.refuse`: no usage dump). What each rule takes and
+    refuses is declared in openrlhf_band.band.rules; this function only reads it.
     """
+    parser = OneLineErrors(parser)
     band = args.actor.band
     given = [k for k in BAND_DEFAULTS if getattr(band, k, None) is not None]
     if not band_drives_loss(args):
@@ -190,47 +173,36 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
                 "or the band's bounds in CISPO: --loss cispo --actor.cispo.bounds band"
             )
         return
+    rule = RULES[band.rule or BAND_DEFAULTS["rule"]]
     if uses_band_bounds(args) and band.backend == "triton":
         parser.error(
             "--actor.band.backend triton does not apply to --actor.cispo.bounds band (the fused kernel is the band's "
             "PPO loss; CISPO's runs in torch)"
         )
-    if uses_band_bounds(args) and band.rule == "dppo":
+    if uses_band_bounds(args) and not rule.takes_cispo:
         parser.error(
-            "--actor.band.rule dppo does not apply to --actor.cispo.bounds band (DPPO is an objective of its own): "
-            "use --actor.band.rule trust_region or dcpo"
+            f"--actor.band.rule {rule.name} does not apply to --actor.cispo.bounds band ({rule.label} is an objective "
+            "of its own): use --actor.band.rule " + " or ".join(r.name for r in RULES.values() if r.takes_cispo)
         )
-    if band.rule == "dcpo":
-        refused = [flag for key, flag in TRUST_REGION_ONLY.items() if key in given]
-        if refused:
-            parser.error(
-                f"{refused[0]} does not apply to --actor.band.rule dcpo (DCPO's bounds depend only on its eps): "
-                "drop it, or use --actor.band.rule trust_region"
-            )
-    if band.rule == "dppo":
-        refused = [flag for key, flag in DPPO_REFUSED.items() if key in given]
-        if refused:
-            parser.error(
-                f"{refused[0]} does not apply to --actor.band.rule dppo (DPPO masks tokens outside a binary tv / kl "
-                "trust region, with no cap, relax, floor or adaptive radius): drop it, or use --actor.band.rule "
-                "trust_region"
-            )
-        if args.actor.dual_clip is not None:
-            parser.error(
-                "--actor.dual_clip does not apply to --actor.band.rule dppo (DPPO bounds a token's gradient weight "
-                "by its ratio truncation instead, --actor.band.dppo_truncation)"
-            )
-        if "delta_low_high" in given and "delta" in given:
-            parser.error("give DPPO's radii once: --band_delta D (both) or --actor.band.delta_low_high LOW HIGH")
-        if band.divergence is not None and band.divergence not in DPPO_DIVERGENCES:
-            parser.error(
-                "--actor.band.rule dppo takes --band_divergence tv or kl (DPPO's binary TV / KL), "
-                f"got {band.divergence}"
-            )
-    else:
-        for key, flag in DPPO_ONLY.items():
-            if key in given:
-                parser.error(f"{flag} is DPPO's: it needs --actor.band.rule dppo")
+    refused = [flag_name(key) for key in rule.refuses if key in given]
+    if refused:
+        parser.error(
+            f"{refused[0]} does not apply to --actor.band.rule {rule.name} ({rule.refusal}): drop it, or use "
+            "--actor.band.rule trust_region"
+        )
+    if not rule.takes_dual_clip and args.actor.dual_clip is not None:
+        parser.error(f"--actor.dual_clip does not apply to --actor.band.rule {rule.name} ({rule.dual_clip_refusal})")
+    if "delta_low_high" in rule.own and "delta_low_high" in given and "delta" in given:
+        parser.error("give DPPO's radii once: --band_delta D (both) or --actor.band.delta_low_high LOW HIGH")
+    if rule.divergences is not None and band.divergence is not None and band.divergence not in rule.divergences:
+        parser.error(
+            f"--actor.band.rule {rule.name} takes --band_divergence {' or '.join(rule.divergences)} ({rule.label}'s "
+            f"binary {' / '.join(d.upper() for d in rule.divergences)}), got {band.divergence}"
+        )
+    for key in given:
+        owner = OWNED.get(key)
+        if owner is not None and owner is not rule:
+            parser.error(f"{flag_name(key)} is {owner.label}'s: it needs --actor.band.rule {owner.name}")
     # knobs of a rule that is not on would be silently ignored: refused instead
     for key, needs, flag in (
         ("entropy_power", band.adaptive == "entropy", "--actor.band.adaptive entropy"),
@@ -245,29 +217,28 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
             setattr(band, key, default)
     if band.upper_cap == math.inf:
         band.upper_cap = None
-    if band.rule == "dppo":
-        band.upper_cap = None  # DPPO's mask has no cap
-        if band.delta_low_high is None:
-            band.delta_low_high = (band.delta, band.delta)
-        band.delta_low_high = tuple(band.delta_low_high)
-        band.delta = band.delta_low_high[1]  # the upper root's; the lower one's is lower_delta
-        if band.dppo_truncation is None:
-            band.dppo_truncation = DPPO_DEFAULT_TRUNCATION
-        elif band.dppo_truncation == math.inf:
-            band.dppo_truncation = None
-        elif not band.dppo_truncation > 0.0:  # also nan
-            parser.error(f"--actor.band.dppo_truncation must be > 0 or 'none', got {band.dppo_truncation}")
     band.dcpo_eps = None
-    if band.rule == "dcpo":  # OpenRLHF fills eps_clip_low_high from --actor.eps_clip later: read it now
-        given_eps = args.actor.eps_clip_low_high
-        band.dcpo_eps = tuple(given_eps) if given_eps is not None else DCPO_DEFAULT_EPS
-        band.dcpo_eps_source = "--actor.eps_clip_low_high" if given_eps is not None else "DCPO's published values"
+    problem = rule.prepare_flags(band, args)
+    if problem is not None:
+        parser.error(problem)
     try:
-        band_spec(band)  # the band's options checked at parse time (the actor builds the same spec from them)
-        if band.rule == "trust_region":
+        spec = band_spec(band)  # the band's options checked at parse time (the actor builds the same spec from them)
+        if rule.has_radius:  # a radius at or past a bounded divergence's range: no trust region at all
+            pair = "delta_low_high" in given
+            check_radius_in_range(spec.divergence, spec.delta,
+                                  "--actor.band.delta_low_high HIGH" if pair else flag_name("delta"))  # fmt: skip
+            check_radius_in_range(spec.divergence, spec.lower_delta, "--actor.band.delta_low_high LOW",
+                                  lower_only=True)  # fmt: skip
+        if rule.adaptive_radius:
             band.delta_range = tuple(band.delta_range) if band.delta_range else default_delta_range(band.delta)
             validate_adaptive(band.delta, band.adaptive, band.entropy_power, band.delta_range,
                               band.target_entropy, band.controller_rate, band.divergence)  # fmt: skip
+            if band.adaptive != "none" or band.target_entropy is not None:  # the radius moves up to the range's top
+                try:
+                    check_radius_in_range(spec.divergence, band.delta_range[1], "--actor.band.delta_range HIGH")
+                except ValueError as err:
+                    default = "" if "delta_range" in given else " (by default min(4 delta, 1)): give it below the bound"
+                    raise ValueError(f"{err}{default}") from None
     except ValueError as err:
         parser.error(f"--actor.band: {err}")
     if args.actor.dual_clip is not None and not args.actor.dual_clip > 1.0:
@@ -291,21 +262,15 @@ def validate_loss_arguments(parser: argparse.ArgumentParser, args) -> None:
 
 def band_spec(band) -> BandSpec:
     """The `BandSpec` of the filled-in `args.actor.band` namespace (ValueError if invalid)."""
-    if band.rule == "dcpo":  # DCPO's bounds depend on its eps alone: the trust region's knobs are not its
-        return BandSpec(upper_cap=band.upper_cap, lower_floor=band.lower_floor, rule="dcpo", dcpo_eps=band.dcpo_eps)
-    if band.rule == "dppo":
-        return BandSpec(band.divergence, band.delta, lower_delta=band.delta_low_high[0],
-                        ratio_truncation=band.dppo_truncation, rule="dppo")  # fmt: skip
-    relax = tuple(band.relax) if band.relax is not None else None
-    return BandSpec(band.divergence, band.delta, band.upper_cap, relax, band.lower_floor)
+    return RULES[band.rule].spec_from_flags(band)
 
 
 def band_loss_kwargs(args) -> dict:
     """BandPolicyLoss's band arguments from the hierarchized training arguments: the spec built
-    (and validated) at parse time, the backend and, for the trust region, the adaptive radius."""
+    (and validated) at parse time, the backend and, for a rule with the adaptive radius, its options."""
     band = args.actor.band
     kwargs = {"band": band_spec(band), "backend": band.backend}
-    if band.rule == "trust_region":
+    if RULES[band.rule].adaptive_radius:
         kwargs.update(
             adaptive=band.adaptive, entropy_power=band.entropy_power, delta_range=tuple(band.delta_range),
             target_entropy=band.target_entropy, controller_rate=band.controller_rate,
@@ -358,53 +323,5 @@ def resolved_loss_config(args) -> dict:
         config["eps_clip_low_high"] = list(args.actor.eps_clip_low_high)
     if not band_drives_loss(args):
         return config
-    band = args.actor.band
-    if band.rule == "dcpo":
-        config["band"] = {
-            "rule": "dcpo",
-            "dcpo_eps": list(band.dcpo_eps),
-            "dcpo_eps_source": band.dcpo_eps_source,
-            "upper_cap": band.upper_cap,
-            "lower_floor": band.lower_floor,
-            "backend": band.backend,
-        }
-    elif band.rule == "dppo":
-        config["band"] = {
-            "rule": "dppo",
-            "divergence": band.divergence,
-            "delta_low_high": list(band.delta_low_high),
-            "dppo_truncation": band.dppo_truncation,
-            "mask": f"no gradient where binary {band.divergence} > delta_low (A < 0, r < 1) or > delta_high "
-            "(A > 0, r > 1), as the band's clip",
-            "gradient_weight": "min(r, dppo_truncation)" if band.dppo_truncation is not None else "r",
-            "upper_cap": None,
-            "backend": band.backend,
-        }
-    else:
-        config["band"] = {
-            "rule": band.rule,
-            "divergence": band.divergence,
-            "delta": band.delta,
-            "upper_cap": band.upper_cap,
-            "relax": list(band.relax) if band.relax is not None else None,
-            "lower_floor": band.lower_floor,
-            "backend": band.backend,
-            "adaptive": None,
-            "controller": None,
-        }
-        if band.adaptive == "entropy":
-            config["band"]["adaptive"] = {
-                "rule": "entropy",
-                "formula": "delta_t = clamp(delta * (H_t / H_mean) ** entropy_power, *delta_range)",
-                "entropy_power": band.entropy_power,
-                "delta_range": list(band.delta_range),
-                "entropy": "the current policy's, detached, from OpenRLHF's training forward",
-                "mean_entropy": "the previous optimizer step's token mean over all ranks",
-            }
-        if band.target_entropy is not None:
-            config["band"]["controller"] = {
-                "target_entropy": band.target_entropy,
-                "rate": band.controller_rate,
-                "delta_range": list(band.delta_range),
-            }
+    config["band"] = RULES[args.actor.band.rule].resolved_config(args.actor.band)
     return config

@@ -53,9 +53,12 @@ def add_fused_logprobs_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def validate_fused_logprobs_arguments(parser: argparse.ArgumentParser, args) -> None:
-    """Refuse, at parse time, the flags the fused path cannot honour."""
+    """Refuse, at parse time, the flags the fused path cannot honour (one line, exit status 2)."""
+    from openrlhf_band.integration.parser_errors import OneLineErrors
+
     if not getattr(args.ds, "fused_logprobs", False):
         return
+    parser = OneLineErrors(parser)
     conflicts = []
     if getattr(args.ds, "tensor_parallel_size", 1) > 1:
         conflicts.append("--ds.tensor_parallel_size > 1 (a tensor-parallel lm_head holds a shard of the vocabulary)")

@@ -4,34 +4,29 @@ metrics, and the adaptive radius' inputs, step and checkpoint state (no-ops for 
 
 from __future__ import annotations
 
-from openrlhf_band.integration.flags import band_loss_kwargs
-from openrlhf_band.integration.objective_flags import band_drives_loss, objective_loss_kwargs
-from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss
+from openrlhf_band.integration.loss_registry import args_entry
+from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss
 from openrlhf_band.integration.policy_loss import BandPolicyLoss
-from openrlhf_band.objectives import OBJECTIVES
 
 CHECKPOINT_KEY = "openrlhf_band"  # the entry of OpenRLHF's checkpoint client_states
 
 
 def loss_class_and_kwargs(args, policy_loss_class) -> tuple[type, dict]:
     """The actor's loss class and its extra keyword arguments (beside OpenRLHF's own, which the
-    actor passes): OpenRLHF's PolicyLoss and none for ppo / gspo; BandPolicyLoss and the band's
-    arguments for `--loss band` and for `--loss cispo --actor.cispo.bounds band`; ObjectivePolicyLoss
-    and the objective's options for the other registered objectives (`make_policy_loss` builds the
-    same modules from Python)."""
-    if band_drives_loss(args):
-        return BandPolicyLoss, band_loss_kwargs(args)
-    if args.actor.policy_loss_type in OBJECTIVES:
-        return ObjectivePolicyLoss, objective_loss_kwargs(args)
-    return policy_loss_class, {}
+    actor passes), from the one registry (`openrlhf_band.integration.loss_registry`, which
+    `make_policy_loss` reads too): OpenRLHF's PolicyLoss and none for ppo / gspo; BandPolicyLoss and
+    the band's arguments for `--loss band` and for `--loss cispo --actor.cispo.bounds band`;
+    ObjectivePolicyLoss and the objective's options for the other registered objectives."""
+    entry = args_entry(args)
+    if entry.openrlhf:
+        return policy_loss_class, {}
+    return entry.module(), entry.kwargs_from_args(args)
 
 
 def loss_metrics(loss_fn) -> dict:
     """The loss's metrics of its last forward, for `experience.info`: `band/*` of a BandPolicyLoss,
     `<objective>/*` of an ObjectivePolicyLoss, none for OpenRLHF's own."""
-    if isinstance(loss_fn, BandPolicyLoss):
-        return loss_fn.band_metrics
-    return getattr(loss_fn, "loss_metrics", {}) if isinstance(loss_fn, ObjectivePolicyLoss) else {}
+    return loss_fn.loss_metrics if isinstance(loss_fn, OpenRLHFPolicyLoss) else {}
 
 
 def band_loss_inputs(loss_fn, output, action_mask) -> dict:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import argparse
 import math
 
+from openrlhf_band.band.rules import RULES
+from openrlhf_band.integration.loss_registry import args_entry
+from openrlhf_band.integration.parser_errors import OneLineErrors
 from openrlhf_band.objectives import OBJECTIVES, get_objective
 
 OPENRLHF_EPS_CLIP = 0.2  # --actor.eps_clip's default in OpenRLHF 0.11.2: another value was given on purpose
 #: every value of --actor.policy_loss_type this package adds to OpenRLHF's ppo and gspo
-LOSS_TYPES = ("band", *OBJECTIVES)
+LOSS_TYPES = ("band", *OBJECTIVES)  # (the registry's keys but OpenRLHF's own and band-cispo, a cispo option)
 
 
 def _flag(objective: str, option: str) -> str:
@@ -47,18 +50,19 @@ def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
 
 def uses_band_bounds(args) -> bool:
     """CISPO with the band's bounds: the band's flags apply to it."""
-    return args.actor.policy_loss_type == "cispo" and getattr(args.actor.cispo, "bounds", None) == "band"
+    return args_entry(args).key == "band-cispo"
 
 
 def band_drives_loss(args) -> bool:
     """The band gives the loss its bounds: `--loss band`, or CISPO with the band's bounds. Then the
-    band's flags apply and BandPolicyLoss is the loss."""
-    return args.actor.policy_loss_type == "band" or uses_band_bounds(args)
+    band's flags apply and BandPolicyLoss is the loss (the registry's `band_bounds`)."""
+    return args_entry(args).band_bounds
 
 
 def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
     """Fill the selected objective's option defaults; refuse an option of an objective that is not
     selected, and an OpenRLHF option the objective cannot take (one line, exit status 2)."""
+    parser = OneLineErrors(parser)
     loss = args.actor.policy_loss_type
     for objective in OBJECTIVES.values():
         namespace = getattr(args.actor, objective.name, None)  # none for an objective without options
@@ -80,7 +84,8 @@ def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"--actor.dual_clip does not apply to --loss {loss} (it has no PPO-style clipped min)")
     if args.actor.eps_clip_low_high is not None and not objective.uses_clip_eps:
         parser.error(f"--actor.eps_clip_low_high does not apply to --loss {loss} (it has no clip interval)")
-    if args.actor.eps_clip_low_high is not None and uses_band_bounds(args) and args.actor.band.rule != "dcpo":
+    reads_eps = uses_band_bounds(args) and RULES[args.actor.band.rule or "trust_region"].reads_clip_eps
+    if args.actor.eps_clip_low_high is not None and uses_band_bounds(args) and not reads_eps:
         parser.error(
             "--actor.eps_clip_low_high does not apply to --actor.cispo.bounds band (the band's bounds replace "
             "CISPO's interval): drop it, or use --actor.cispo.bounds fixed"
@@ -91,7 +96,7 @@ def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
     if objective.uses_clip_eps and not uses_band_bounds(args):
         if not all(math.isfinite(eps) and eps >= 0.0 for eps in clip_values):
             parser.error(f"--loss {loss} takes clip values >= 0 (--actor.eps_clip_low_high), got {list(clip_values)}")
-    elif args.actor.eps_clip != OPENRLHF_EPS_CLIP and not (uses_band_bounds(args) and args.actor.band.rule == "dcpo"):
+    elif args.actor.eps_clip != OPENRLHF_EPS_CLIP and not reads_eps:
         parser.error(f"--actor.eps_clip does not apply to --loss {loss} (it has no clip interval of its own)")
     advantage = args.algo.advantage
     if objective.sequence_level and advantage.is_correction_level == "token" and advantage.is_correction_mode == "mask":

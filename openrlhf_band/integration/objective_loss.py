@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from openrlhf_band.integration.is_correction import ISCorrection
 from openrlhf_band.integration.metrics import token_mean
+from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss, TokenLoss, openrlhf_arguments
 from openrlhf_band.objectives.registry import get_objective
 from openrlhf_band.ops.token_loss import broadcast_advantages
 
@@ -38,11 +38,13 @@ GMPO_MASK_REFUSAL = (
 )
 
 
-class ObjectivePolicyLoss(nn.Module):
-    """Drop-in for OpenRLHF 0.11.2's `PolicyLoss` computing a registered objective.
+class ObjectivePolicyLoss(OpenRLHFPolicyLoss):
+    """Drop-in for OpenRLHF 0.11.2's `PolicyLoss` computing a registered objective: the objective's per-token
+    (or per-sequence) loss and metrics behind `OpenRLHFPolicyLoss`, which owns OpenRLHF's contract.
 
-    Same constructor arguments (`policy_loss_type` names the objective; the clip eps are its clip
-    values where it has one, verl's clip_ratio_low / clip_ratio_high) plus the objective's options
+    Same constructor arguments as OpenRLHF's, positional or by name (`policy_loss_type` names the
+    objective; the clip eps are its clip values where it has one, verl's clip_ratio_low /
+    clip_ratio_high) plus the objective's options
     as keywords (`tau_pos=...`), and the same `forward` signature and 5-tuple `(loss, clip_ratio,
     ppo_kl, vllm_kl, is_filter_ratio)`. After each forward `loss_metrics` holds 0-d float32
     tensors `<objective>/<name>`, each the mean over the unmasked tokens (so that OpenRLHF's
@@ -52,67 +54,39 @@ class ObjectivePolicyLoss(nn.Module):
     metric.
     """
 
-    def __init__(
-        self,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        dual_clip: float | None = None,
-        token_level_loss: bool = True,
-        policy_loss_type: str = "cispo",
-        is_correction_level: str = "off",
-        is_correction_mode: str = "mask",
-        is_correction_gating: str = "ratio",
-        is_correction_threshold=(0.5, 5.0),
-        **options,
-    ) -> None:
-        super().__init__()
+    def __init__(self, *openrlhf_args, **options) -> None:
+        shared, options = openrlhf_arguments(openrlhf_args, options, policy_loss_type="cispo")
+        policy_loss_type, is_correction_level = shared["policy_loss_type"], shared["is_correction_level"]
         objective = get_objective(policy_loss_type)
-        self.options = objective.resolve_options(options)
-        if objective.name == "cispo" and self.options["bounds"] != "fixed":
+        resolved = objective.resolve_options(options)
+        if objective.name == "cispo" and resolved["bounds"] != "fixed":
             raise ValueError("CISPO with the band's bounds is make_policy_loss('cispo', bounds='band', ...)")
-        if dual_clip is not None:
-            if not objective.takes_dual_clip:
-                raise ValueError(f"dual_clip does not apply to {objective.name} (it has no PPO-style clipped min)")
-            if not dual_clip > 1.0:
-                raise ValueError(f"dual_clip must be > 1.0, got {dual_clip}")
-        for name, eps in (("clip_eps_low", clip_eps_low), ("clip_eps_high", clip_eps_high)):
+        shared["policy_loss_type"] = objective.name
+        super().__init__(**shared, takes_dual_clip=objective.takes_dual_clip, sequence_level=objective.sequence_level,
+                         why_no_dual_clip=" (it has no PPO-style clipped min)")  # fmt: skip
+        for name in ("clip_eps_low", "clip_eps_high"):
+            eps = shared[name]
             if objective.uses_clip_eps and not (isinstance(eps, (int, float)) and eps >= 0.0):
                 raise ValueError(f"{name} must be a number >= 0, got {eps!r}")
-        self.objective = objective
-        self.policy_loss_type = objective.name
-        self.clip_eps_low, self.clip_eps_high = clip_eps_low, clip_eps_high
-        self.dual_clip = dual_clip
-        # a sequence-level objective is aggregated over sequences whatever loss_agg_mode (as OpenRLHF's gspo)
-        self.token_level_loss = token_level_loss and not objective.sequence_level
-        self.is_correction = ISCorrection(is_correction_level, is_correction_mode, is_correction_gating,
-                                          tuple(is_correction_threshold))  # fmt: skip
-        if objective.sequence_level and is_correction_level == "token" and is_correction_mode == "mask":
+        if objective.sequence_level and is_correction_level == "token" and shared["is_correction_mode"] == "mask":
             raise ValueError(GMPO_MASK_REFUSAL)
-        self.loss_metrics: dict[str, Tensor] = {}
+        self.objective = objective
+        self.options = resolved
 
-    def forward(
-        self,
-        log_probs: Tensor,
-        old_log_probs: Tensor,
-        advantages: Tensor,
-        action_mask: Tensor | None = None,
-        rollout_log_probs: Tensor | None = None,
-        dp_size: int = 1,
-        batch_num_tokens: float | None = None,
-        global_batch_size: float | None = None,
-    ):
-        """OpenRLHF's PolicyLoss.forward: (B, T) log-probs (natural log) of the current and old policy,
-        advantages per token (B, T) or per sequence (B, 1) / (B,), the action mask (B, T)."""
-        from openrlhf.models.loss import aggregate_loss
-        from openrlhf.models.utils import masked_mean
-
-        if old_log_probs.shape != log_probs.shape:
-            raise ValueError(
-                f"old_log_probs shape {tuple(old_log_probs.shape)} != log_probs shape {tuple(log_probs.shape)}"
-            )
+    def forward(self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, action_mask: Tensor | None = None,
+                *args, **kwargs):  # fmt: skip
+        """OpenRLHF's PolicyLoss.forward; without an action mask every token counts (a mask of ones, as OpenRLHF's
+        aggregation needs one)."""
         if action_mask is None:
             action_mask = torch.ones_like(log_probs)
-        live = action_mask != 0
+        return super().forward(log_probs, old_log_probs, advantages, action_mask, *args, **kwargs)
+
+    def kl_log_ratio(self, log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
+        return log_probs - old_log_probs.to(log_probs.dtype)  # as the objective's own arithmetic
+
+    def token_loss(self, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs) -> TokenLoss:
+        """The objective's loss per token (or per sequence) on finite stand-ins at masked positions."""
+        live = torch.ones_like(log_probs, dtype=torch.bool) if action_mask is None else action_mask != 0
         # masked positions: finite stand-ins before any arithmetic (no nan through 0 * nan, in the loss or the gradient)
         zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
         new = torch.where(live, log_probs, zero)
@@ -122,39 +96,7 @@ class ObjectivePolicyLoss(nn.Module):
             new, old, adv, live, clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high,
             dual_clip=self.dual_clip, **self.options,
         )  # fmt: skip
-        loss = out.loss
-
-        vllm_kl = is_filter_ratio = None
-        if self.is_correction.on:
-            coef, vllm_kl, is_filter_ratio = self.is_correction.coefficients(old_log_probs, rollout_log_probs,
-                                                                             action_mask)  # fmt: skip
-            if self.objective.sequence_level:  # the per-token weights' geometric mean per sequence (verl's geo_mean)
-                weights = live.to(coef.dtype)
-                coef = torch.exp((torch.log(coef + 1e-10) * weights).sum(-1) / (weights.sum(-1) + 1e-8))
-            loss = coef * loss
-
-        if self.objective.sequence_level:
-            # OpenRLHF's per-sample aggregation of per-sequence losses: a sum over the sequences that have a
-            # token, over the global sample count (else their number), times dp_size (its aggregate_loss would
-            # first divide each by its count 1 + 1e-8)
-            has_tokens = live.any(dim=-1).to(loss.dtype)
-            total = (loss * has_tokens).sum()
-            loss = total / has_tokens.sum().clamp(min=1) if global_batch_size is None else (
-                total / global_batch_size * dp_size
-            )
-        else:
-            loss = aggregate_loss(
-                torch.where(live, loss, zero),
-                action_mask,
-                token_level_loss=self.token_level_loss,
-                dp_size=dp_size,
-                batch_num_tokens=batch_num_tokens,
-                global_batch_size=global_batch_size,
-            )
-        clip_ratio = masked_mean(out.clipped.float(), action_mask, dim=None)
-        ppo_kl = masked_mean(-(new - old).detach(), action_mask, dim=None)
-        self.loss_metrics = _token_shares(self.objective.name, out.metrics, live)
-        return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+        return TokenLoss(out.loss, out.clipped, _token_shares(self.objective.name, out.metrics, live))
 
 
 @torch.no_grad()
@@ -165,8 +107,9 @@ def _token_shares(prefix: str, metrics: dict[str, Tensor], live: Tensor) -> dict
 
 def make_policy_loss(name: str, **options) -> nn.Module:
     """The module OpenRLHF's actor builds for `--actor.policy_loss_type name` (OpenRLHF 0.11.2's
-    `PolicyLoss.forward` contract): OpenRLHF's `PolicyLoss` for ppo and gspo, `BandPolicyLoss` for
-    band and for cispo with `bounds="band"`, `ObjectivePolicyLoss` for the registered objectives.
+    `PolicyLoss.forward` contract), from the one registry the patched actor reads too
+    (`openrlhf_band.integration.loss_registry`): OpenRLHF's `PolicyLoss` for ppo and gspo, `BandPolicyLoss`
+    for band and for cispo with `bounds="band"`, `ObjectivePolicyLoss` for the registered objectives.
 
     Options are named as the flags' last component: OpenRLHF's constructor arguments
     (`clip_eps_low`, `clip_eps_high`, `dual_clip`, `token_level_loss`, `is_correction_*`), an
@@ -176,13 +119,9 @@ def make_policy_loss(name: str, **options) -> nn.Module:
         make_policy_loss("sapo", tau_pos=1.0, tau_neg=1.05, token_level_loss=False)
         make_policy_loss("cispo", bounds="band", divergence="kl", delta=0.05, lower_floor=0.8)
     """
-    if name in ("ppo", "gspo"):
-        from openrlhf.models.loss import PolicyLoss
+    from openrlhf_band.integration.loss_registry import loss_entry
 
-        return PolicyLoss(policy_loss_type=name, **options)
-    if name == "band" or (name == "cispo" and options.get("bounds") == "band"):
-        from openrlhf_band.integration.policy_loss import BandPolicyLoss
-
+    entry = loss_entry(name, options.get("bounds"))
+    if entry.band_bounds:
         options.pop("bounds", None)
-        return BandPolicyLoss(policy_loss_type=name, **options)
-    return ObjectivePolicyLoss(policy_loss_type=name, **options)
+    return entry.module()(policy_loss_type=name, **options)

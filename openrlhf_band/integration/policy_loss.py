@@ -1,8 +1,8 @@
 """`BandPolicyLoss`, a drop-in for OpenRLHF 0.11.2's `openrlhf.models.PolicyLoss` with the Band in
-place of the fixed clip.
+place of the fixed clip: the band's per-token loss (or CISPO's with the band's bounds) and metrics behind
+`OpenRLHFPolicyLoss`, which owns OpenRLHF's contract (IS correction, aggregation, the 5-tuple).
 
-Importing this module does not import OpenRLHF; `BandPolicyLoss.forward` imports OpenRLHF's
-`aggregate_loss` and `masked_mean` so that aggregation keeps OpenRLHF's exact semantics.
+Importing this module does not import OpenRLHF.
 """
 
 from __future__ import annotations
@@ -11,20 +11,23 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from openrlhf_band.band.adaptive import DEFAULT_CONTROLLER_RATE, DEFAULT_ENTROPY_POWER, AdaptiveRadius
+from openrlhf_band.band.divergences import check_radius_in_range
+from openrlhf_band.band.rules import RULES
 from openrlhf_band.band.spec import BandSpec
 from openrlhf_band.functional import BACKENDS, band_token_loss_from_spec
-from openrlhf_band.integration.is_correction import ISCorrection
 from openrlhf_band.integration.metrics import band_metrics
+from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss, TokenLoss, openrlhf_arguments
 from openrlhf_band.objectives.band_cispo import band_cispo_token_loss
 
 
-class BandPolicyLoss(nn.Module):
+class BandPolicyLoss(OpenRLHFPolicyLoss):
     """Drop-in for OpenRLHF 0.11.2's `PolicyLoss` with the Band in place of the fixed clip.
 
-    Same constructor arguments (the clip eps are accepted and ignored: the band replaces them;
+    Same constructor arguments as OpenRLHF's, positional or by name (`OPENRLHF_ARGUMENTS`; the clip eps are
+    accepted and ignored: the band replaces them;
     `relax` is the way to union a fixed interval back in) plus the band's, and the same
     `forward` signature and 5-tuple `(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)`.
 
@@ -33,8 +36,8 @@ class BandPolicyLoss(nn.Module):
     `lower_floor`, `lower_delta`, `ratio_truncation`, `rule`, `dcpo_eps`: BandSpec's fields); they
     stay readable as attributes (`loss.delta` is the constructor's radius).
     Honours dual-clip, token-level or seq-mean-token-mean aggregation with the global token /
-    sample counts, and the train/rollout IS correction. After each forward `band_metrics` holds
-    0-d tensors (`band/...`) for `experience.info`.
+    sample counts, and the train/rollout IS correction (all from `OpenRLHFPolicyLoss`). After each
+    forward `band_metrics` (= `loss_metrics`) holds 0-d tensors (`band/...`) for `experience.info`.
 
     `bounds_fn(old_log_probs) -> (lower, upper)` replaces the band with any other rule of the old
     log-probs (a fixed interval, a probability-dependent clip); its bounds are used as given, except
@@ -64,16 +67,7 @@ class BandPolicyLoss(nn.Module):
 
     def __init__(
         self,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        dual_clip: float | None = None,
-        token_level_loss: bool = True,
-        policy_loss_type: str = "band",
-        is_correction_level: str = "off",
-        is_correction_mode: str = "mask",
-        is_correction_gating: str = "ratio",
-        is_correction_threshold=(0.5, 5.0),
-        *,
+        *openrlhf_args,
         band: BandSpec | None = None,
         backend: str = "auto",
         bounds_fn: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
@@ -82,21 +76,28 @@ class BandPolicyLoss(nn.Module):
         delta_range: tuple[float, float] | None = None,
         target_entropy: float | None = None,
         controller_rate: float = DEFAULT_CONTROLLER_RATE,
-        **band_options,
+        **options,
     ) -> None:
-        super().__init__()
+        shared, band_options = openrlhf_arguments(openrlhf_args, options, policy_loss_type="band")
+        dual_clip, policy_loss_type = shared["dual_clip"], shared["policy_loss_type"]
         if band is None:
             band = BandSpec(**{"upper_cap": 10.0, **band_options})  # the authors' cap unless given
         elif band_options:
             raise ValueError(f"give the band once, band=BandSpec(...) or its options, not both: {sorted(band_options)}")
         elif not isinstance(band, BandSpec):
             raise ValueError(f"band must be a BandSpec, got {type(band).__name__}")
+        rule = RULES[band.rule]
+        if rule.has_radius and bounds_fn is None:  # a radius past a bounded divergence's range bounds no token
+            check_radius_in_range(band.divergence, band.delta, "delta")
+            check_radius_in_range(band.divergence, band.lower_delta, "lower_delta", lower_only=True)
         delta, divergence = band.delta, band.divergence
         if band.lower_delta is not None and (adaptive != "none" or target_entropy is not None):
             raise ValueError("lower_delta (asymmetric radii) takes a constant radius: adaptive radii are symmetric")
-        self.radius_rule = AdaptiveRadius(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate,
-                                          divergence)  # fmt: skip
-        if (bounds_fn is not None or band.rule == "dcpo") and (adaptive != "none" or target_entropy is not None):
+        radius_rule = AdaptiveRadius(delta, adaptive, entropy_power, delta_range, target_entropy, controller_rate,
+                                     divergence)  # fmt: skip
+        if radius_rule.needs_entropy and bounds_fn is None:  # the adaptive radius moves up to its range's top
+            check_radius_in_range(divergence, radius_rule.delta_range[1], "delta_range's high end")
+        if (bounds_fn is not None or not rule.has_radius) and (adaptive != "none" or target_entropy is not None):
             raise ValueError("adaptive radii act on the band's delta: they do not apply to bounds_fn rules")
         if policy_loss_type not in ("band", "ppo", "cispo"):
             raise ValueError(
@@ -106,28 +107,25 @@ class BandPolicyLoss(nn.Module):
         if policy_loss_type == "cispo":
             if dual_clip is not None:
                 raise ValueError("dual_clip does not apply to CISPO: its importance weight is already bounded")
-            if band.rule == "dppo":
-                raise ValueError("CISPO takes the band's trust_region or dcpo bounds; DPPO is an objective of its own")
-        if dual_clip is not None and not dual_clip > 1.0:
-            raise ValueError(f"dual_clip must be > 1.0, got {dual_clip}")
+            if not rule.takes_cispo:
+                takers = " or ".join(r.name for r in RULES.values() if r.takes_cispo)
+                raise ValueError(f"CISPO takes the band's {takers} bounds; {rule.label} is an objective of its own")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        self.is_correction = ISCorrection(is_correction_level, is_correction_mode, is_correction_gating,
-                                          tuple(is_correction_threshold))  # fmt: skip
-        self.clip_eps_low, self.clip_eps_high = clip_eps_low, clip_eps_high
-        self.dual_clip = dual_clip
-        self.token_level_loss = token_level_loss
-        self.policy_loss_type = "cispo" if policy_loss_type == "cispo" else "band"
-        self.is_correction_level = is_correction_level
-        self.is_correction_mode = is_correction_mode
-        self.is_correction_gating = is_correction_gating
-        self.is_correction_threshold = is_correction_threshold
+        shared["policy_loss_type"] = "cispo" if policy_loss_type == "cispo" else "band"
+        super().__init__(**shared, takes_dual_clip=rule.takes_dual_clip,
+                         why_no_dual_clip=f" with the {rule.name} rule ({rule.dual_clip_refusal})")  # fmt: skip
+        self.radius_rule = radius_rule
         self.band = band
         self._call_band = band  # the spec at the controller's current radius (`_band_at`)
         self.backend = backend
         self.bounds_fn = bounds_fn
-        self.band_metrics: dict[str, Tensor] = {}
         self.last_bounds: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def band_metrics(self) -> dict[str, Tensor]:
+        """The band's metrics of the last forward (`band/...`): `loss_metrics`."""
+        return self.loss_metrics
 
     def _band_at(self, delta: float) -> BandSpec:
         """The spec with radius `delta` (a forward's own, or the controller's): validated once per
@@ -171,27 +169,15 @@ class BandPolicyLoss(nn.Module):
     def load_band_state(self, state: dict) -> None:
         self.radius_rule.load_state_dict(state)
 
-    def forward(
-        self,
-        log_probs: Tensor,
-        old_log_probs: Tensor,
-        advantages: Tensor,
-        action_mask: Tensor | None = None,
-        rollout_log_probs: Tensor | None = None,
-        dp_size: int = 1,
-        batch_num_tokens: float | None = None,
-        global_batch_size: float | None = None,
-        delta: float | Tensor | None = None,
-        entropy: Tensor | None = None,
-    ):
-        """OpenRLHF's PolicyLoss.forward, plus `delta`: this call's radius, a number or a tensor per
-        token (B, T) / per sequence (B, 1) (no gradient), overriding the constructor's and any adaptive
-        rule; and `entropy` (B, T): the policy's entropy per token, which the adaptive rules need."""
-        from openrlhf.models.loss import aggregate_loss
-        from openrlhf.models.utils import masked_mean
+    def token_loss(self, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, *, delta=None,
+                   entropy=None) -> TokenLoss:  # fmt: skip
+        """The band's per-token loss (or CISPO's with the band's bounds), its clipped tokens and metrics.
 
+        `forward(..., delta=, entropy=)` passes these: `delta` is this call's radius, a number or a tensor per
+        token (B, T) / per sequence (B, 1) (no gradient), overriding the constructor's and any adaptive rule;
+        `entropy` (B, T) is the policy's entropy per token, which the adaptive rules need."""
         adaptive_metrics = {}
-        if delta is None and self.bounds_fn is None and self.band.rule != "dcpo":
+        if delta is None and self.bounds_fn is None and RULES[self.band.rule].has_radius:
             delta, adaptive_metrics = self.radius_rule.radius(entropy, action_mask)
         bounds = self.bounds_fn(old_log_probs) if self.bounds_fn is not None else None
         band, radius = self.band, None
@@ -207,40 +193,21 @@ class BandPolicyLoss(nn.Module):
                 log_probs, old_log_probs, advantages, action_mask, band, radius=radius, dual_clip=self.dual_clip,
                 backend=self.backend, return_bounds=True, bounds=bounds,
             )  # fmt: skip
-        loss = out.loss
-
-        # train/rollout IS correction, as OpenRLHF 0.11.2's PolicyLoss ("ppo" branch)
-        vllm_kl = is_filter_ratio = None
-        if self.is_correction.on:
-            coef, vllm_kl, is_filter_ratio = self.is_correction.coefficients(old_log_probs, rollout_log_probs,
-                                                                             action_mask)  # fmt: skip
-            loss = coef * loss
-
-        loss = aggregate_loss(
-            loss,
-            action_mask,
-            token_level_loss=self.token_level_loss,
-            dp_size=dp_size,
-            batch_num_tokens=batch_num_tokens,
-            global_batch_size=global_batch_size,
-        )
         clipped = out.clipped_upper | out.clipped_lower
-        clip_ratio = masked_mean(clipped.float(), action_mask, dim=None)
-        log_ratio = (log_probs - old_log_probs).detach()
-        if action_mask is not None:  # masked positions may hold anything: nothing of them reaches the mean
-            log_ratio = torch.where(action_mask != 0, log_ratio, 0.0)
-        ppo_kl = masked_mean(-log_ratio, action_mask, dim=None)
         self.last_bounds = (out.lower, out.upper)  # per token, for callers' own clip statistics
+        declared = RULES[band.rule].metrics  # the rule's own metrics (band/rules.py)
         truncated = None
-        if band.ratio_truncation is not None:  # unclipped tokens whose weight min(r, c) is c (verl's pg_clipfrac_lower)
+        if "band/truncated_frac" in declared and band.ratio_truncation is not None:
+            # unclipped tokens whose weight min(r, c) is c (verl's pg_clipfrac_lower)
             log_ratio = (log_probs.detach().float() - old_log_probs.float()).clamp(-20.0, 20.0)
             truncated = ~(clipped | out.dual_clipped) & (log_ratio.exp() > band.ratio_truncation)
-        self.band_metrics = band_metrics(
-            out, old_log_probs, action_mask, delta=delta, floor=band.lower_floor is not None, truncated=truncated,
-            rollout_log_probs=rollout_log_probs,
+        floor = "band/clip_frac_floor" in declared and band.lower_floor is not None
+        metrics = band_metrics(
+            out, old_log_probs, action_mask, delta=delta if "band/delta_mean" in declared else None, floor=floor,
+            truncated=truncated, rollout_log_probs=rollout_log_probs,
         )  # fmt: skip
-        self.band_metrics.update(adaptive_metrics)
-        return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+        metrics.update(adaptive_metrics)
+        return TokenLoss(out.loss, clipped, metrics)
 
 
 def _read_only(owner: str, name: str) -> property:

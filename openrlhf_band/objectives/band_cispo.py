@@ -16,8 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from openrlhf_band.band.bounds import spec_bounds_with_edge
-from openrlhf_band.band.dcpo import dcpo_rule_bounds
+from openrlhf_band.band.rules import RULES
 from openrlhf_band.band.spec import BandSpec, radius_view
 from openrlhf_band.objectives.losses import cispo_token_loss
 from openrlhf_band.ops.token_loss import (
@@ -49,8 +48,9 @@ def band_cispo_token_loss(
     radius tensor in place of spec.delta. `bounds`: (lower, upper) given by the caller (a
     `bounds_fn`), used as given except for the floor.
     """
-    if spec.rule == "dppo":
-        raise ValueError("CISPO takes the band's trust_region or dcpo bounds; DPPO is an objective of its own")
+    rule = RULES[spec.rule]
+    if not rule.takes_cispo:
+        raise ValueError(f"CISPO takes the band's trust_region or dcpo bounds; {rule.label} is an objective of its own")
     spec.check_radius(radius)
     compute_dtype = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
     shape = log_probs.shape
@@ -66,11 +66,9 @@ def band_cispo_token_loss(
     at_edge = torch.zeros_like(live)
     if bounds is not None:
         lower, upper = bounds
-    elif spec.rule == "dcpo":
-        lower, upper = dcpo_rule_bounds(spec, old, apply_floor=False)
     else:
         radius = None if radius is None else radius_view(radius, log_probs)
-        lower, upper, at_edge = spec_bounds_with_edge(spec, old, radius, apply_floor=False)
+        lower, upper, at_edge = rule.bounds(spec, old, radius, False)
     band_lower = torch.where(live, torch.as_tensor(lower, dtype=compute_dtype, device=new.device).expand(shape), 1.0)
     upper = torch.where(live, torch.as_tensor(upper, dtype=compute_dtype, device=new.device).expand(shape), 1.0)
     lower = band_lower

@@ -35,11 +35,16 @@ def _stop_with_args(args):
 def validate_train_args(argv: Sequence[str]):
     """The hierarchized, validated `args` that `train_ppo_ray` would train with.
 
-    Raises SystemExit (status 2, message on stderr) for arguments the parser rejects, and
-    AssertionError with OpenRLHF's message for those its validation rejects.
+    Raises SystemExit (status 2, message on stderr) for arguments the parser rejects: one line and a
+    pointer to --help, not argparse's usage dump first (`parser_errors`); and AssertionError with
+    OpenRLHF's message for those its validation rejects.
     """
+    import argparse
+
     import openrlhf.utils
     import ray
+
+    from openrlhf_band.integration.parser_errors import one_line_error
 
     argv = list(argv)
     if argv and argv[0] == "--":
@@ -49,6 +54,7 @@ def validate_train_args(argv: Sequence[str]):
         mock.patch.object(ray, "is_initialized", return_value=True),
         mock.patch.object(ray, "init", side_effect=AssertionError("check-args must not start Ray")),
         mock.patch.object(openrlhf.utils, "get_strategy", _stop_with_args),
+        mock.patch.object(argparse.ArgumentParser, "error", one_line_error),
     ):
         try:
             runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=False)

@@ -17,10 +17,9 @@ import pytest
 import torch
 from mpmath import mpf
 
-from openrlhf_band import band_bounds
+from openrlhf_band import DIVERGENCES, band_bounds
 from openrlhf_band.band.bounds import band_bounds_with_edge
 
-DIVERGENCES = ("kl", "tv", "chi2", "reverse_kl", "hellinger")
 RTOL32 = 2e-6  # as tests/band/test_bounds_accuracy.py: ~17 float32 ulps, absolute floor 1e-3 * rtol
 # log p from 1e-12 to 1 - 1e-6 (log-spaced in p, then in 1 - p) and p = 1 exactly
 GRID = sorted(

@@ -146,7 +146,7 @@ def test_make_policy_loss_builds_what_the_actor_builds():
         _, built = build("--loss", name)
         made = make_policy_loss(name)
         assert type(made) is type(built) and made.options == built.options
-    with pytest.raises(ValueError, match="unknown objective 'cispo2'"):
+    with pytest.raises(ValueError, match="unknown policy loss 'cispo2'"):
         make_policy_loss("cispo2")
     with pytest.raises(ValueError, match="sapo has no option 'tau'"):
         make_policy_loss("sapo", tau=1.0)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from openrlhf_band.integration.flags import add_band_arguments, band_loss_kwargs, resolved_loss_config
 from openrlhf_band.integration.fused_head import add_fused_logprobs_argument
@@ -315,3 +316,84 @@ def test_the_estimators_tested_are_openrlhfs(capsys):
     choices = re.search(r"invalid choice: 'none-such' \(choose from (.*)\)", capsys.readouterr().err)
     assert choices, "the parser's message changed"
     assert tuple(re.findall(r"'?([a-z_]+)'?", choices.group(1))) == ESTIMATORS
+
+
+@pytest.mark.parametrize(
+    "flags, bound",
+    [
+        (["--band_divergence", "hellinger", "--band_delta", "5"], "hellinger's range (0, 2)"),
+        (["--band_divergence", "tv", "--band_delta", "1"], "tv's range (0, 1)"),
+        (["--actor.band.rule", "dppo", "--band_divergence", "tv", "--actor.band.delta_low_high", "1.2", "0.1"],
+         "--actor.band.delta_low_high LOW 1.2 is outside tv's range (0, 1)"),
+        (["--actor.band.rule", "dppo", "--band_divergence", "tv", "--actor.band.delta_low_high", "0.1", "1.5"],
+         "--actor.band.delta_low_high HIGH 1.5 is outside tv's range (0, 1)"),
+    ],
+)  # fmt: skip
+def test_a_radius_past_a_bounded_divergences_range_is_refused(flags, bound, capsys):
+    """At delta >= sup g (tv 1, hellinger 2) every token's band is [0, 1/p]: no trust region, refused with the range."""
+    with pytest.raises(SystemExit) as exit_:
+        validate_train_args([*BASE, "--loss", "band", *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and bound in err and ("no trust region" in err or "lower bound is 0" in err), err
+
+
+def test_a_radius_inside_the_range_or_unbounded_is_accepted_and_an_adaptive_range_is_held_to_it(capsys):
+    config("--loss", "band", "--band_divergence", "hellinger", "--band_delta", "1.99")
+    config("--loss", "band", "--band_divergence", "chi2", "--band_delta", "5")
+    adaptive = ["--loss", "band", "--band_divergence", "tv", "--band_delta", "0.5", "--actor.band.adaptive", "entropy"]
+    with pytest.raises(SystemExit):  # the default range's top, min(4 delta, 1) = 1, is tv's bound
+        validate_train_args([*BASE, *adaptive])
+    assert "--actor.band.delta_range HIGH 1 is outside tv's range" in capsys.readouterr().err
+    config(*adaptive, "--actor.band.delta_range", "0.2", "0.9")
+
+
+def test_band_loss_refuses_a_radius_past_the_range_but_the_bounds_stay_defined():
+    from openrlhf_band import BandPolicyLoss, band_bounds
+
+    with pytest.raises(ValueError, match="outside tv's range"):
+        BandPolicyLoss(divergence="tv", delta=1.0)
+    with pytest.raises(ValueError, match="lower_delta 2.5 is outside hellinger's range"):
+        BandPolicyLoss(divergence="hellinger", delta=0.1, lower_delta=2.5)
+    lower, upper = band_bounds(torch.log(torch.tensor([0.1, 0.5])), "tv", 1.0)  # the math: [0, 1/p] for every p
+    assert torch.equal(lower, torch.zeros(2)) and torch.allclose(upper, torch.tensor([10.0, 2.0]))
+
+
+def test_the_band_validators_refuse_in_one_line_not_after_the_usage(capsys):
+    """train_ppo_ray's own parser errors keep argparse's usage; the band's refusals do not print it."""
+    import argparse
+
+    from openrlhf_band.integration.flags import validate_loss_arguments
+
+    args = validate_train_args([*BASE, "--loss", "band"])  # the band's options filled in: all of them "given"
+    capsys.readouterr()
+    parser = argparse.ArgumentParser(prog="train_ppo_ray")
+    parser.add_argument("--a-flag-only-usage-would-show")
+    args.actor.band.rule = "dcpo"
+    with pytest.raises(SystemExit) as exit_:
+        validate_loss_arguments(parser, args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "usage" not in err and "a-flag-only-usage-would-show" not in err
+    assert err.splitlines() == [
+        "train_ppo_ray: error: --band_divergence does not apply to --actor.band.rule dcpo (DCPO's bounds depend only "
+        "on its eps): drop it, or use --actor.band.rule trust_region",
+        "train_ppo_ray: the flags and their values: train_ppo_ray --help",
+    ]
+
+
+def test_the_named_methods_still_refuse_with_a_value_error():
+    """The methods' parser (integration/methods.py) keeps its own error: Python callers get a ValueError."""
+    from openrlhf_band.integration.methods import method_spec
+
+    with pytest.raises(ValueError, match="delta must be a positive finite number"):
+        method_spec("band-kl", "--band_delta", "0")
+    with pytest.raises(ValueError, match="--band_delta"):  # the range check names the flag
+        method_spec("band-tv", "--band_delta", "1")
+
+
+def test_check_args_prints_the_error_not_the_usage():
+    cmd = [sys.executable, "-m", "openrlhf_band.tools.cli", "check-args", "--", *BASE, "--loss", "band",
+           "--band_divergence", "nope"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert "usage:" not in run.stderr and "invalid choice: 'nope'" in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == "train_ppo_ray: the flags and their values: train_ppo_ray --help"

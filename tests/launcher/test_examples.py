@@ -235,10 +235,10 @@ def test_agent_replaces_the_reward_file_with_the_tasks_agent(tmp_path):
         return args[args.index(flag) + 1]
 
     args = launched_arguments(tmp_path / "gym", TASK="reasoning-gym", AGENT="1")
-    assert value(args, "--train.agent_func_path").endswith("/openrlhf_band/tasks/gym/agent.py")
+    assert value(args, "--train.agent_func_path").endswith("/openrlhf_band/tasks/reasoning_gym/agent.py")
     assert "--reward.remote_url" not in args  # the agent scores the episode
     assert value(launched_arguments(tmp_path / "plain", TASK="reasoning-gym"), "--reward.remote_url").endswith(
-        "/openrlhf_band/tasks/gym/reward.py"
+        "/openrlhf_band/tasks/reasoning_gym/reward.py"
     )
     env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), "AGENT": "1"}  # math has no agent
     done = subprocess.run(["bash", str(SCRIPTS / "bandpo_kl.sh")], capture_output=True, text=True, env=env, timeout=600)

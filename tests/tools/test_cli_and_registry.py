@@ -16,10 +16,10 @@ from openrlhf_band.tools.cli import main
 
 def test_registry_lists_the_five_divergences_with_kl_first():
     assert DIVERGENCES[0] == "kl"
-    assert set(DIVERGENCES) == {"kl", "tv", "chi2", "reverse_kl", "hellinger"}
+    assert {"kl", "tv", "chi2", "reverse_kl", "hellinger"} <= set(DIVERGENCES)  # the paper's five stay
 
 
-@pytest.mark.parametrize("name", ["kl", "tv", "chi2", "reverse_kl", "hellinger"])
+@pytest.mark.parametrize("name", DIVERGENCES)
 def test_registered_generator_is_the_papers_f(name):
     # f(1) = 0 and f matches the oracle's independent definition at a few points
     f = get_divergence(name).generator

@@ -8,7 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from openrlhf_band.tools.demo.loop import LoopSettings
-from openrlhf_band.tools.demo.methods import DEFAULT_METHODS
+
+# what `make demo` runs: the clip, the kl band, the kl band with the lower floor 0.8, and the
+# diagnostic ablation the floor is the training form of (4 methods x 3 seeds, 2 workers; docs/demo.md's timings).
+# Names of openrlhf_band.tools.demo.methods.METHODS (which checks them); here so that the settings import nothing
+# of the methods, which read these settings.
+DEFAULT_METHODS = ["clip", "band-kl", "band-kl-floor", "band-kl+clip-low"]
 
 
 @dataclass

@@ -9,15 +9,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from openrlhf_band.integration.methods import METHOD_FLAGS, method_loss_kwargs, method_spec, resolve_method
-
-if TYPE_CHECKING:
-    from openrlhf_band.tools.demo.config import DemoConfig
+from openrlhf_band.tools.demo.config import DEFAULT_METHODS, DemoConfig
 
 
 # Each method is a way to get (lower, upper) ratio bounds from the old log-probs, named as in
@@ -41,11 +38,10 @@ def _facets(name: str) -> dict:
     spec = loss_kwargs["band"]
     if loss_type == "cispo":  # CISPO with the band's bounds
         return {"kind": "band-cispo", "divergence": spec.divergence}
-    if spec.rule == "dcpo":
-        return {"kind": "dcpo", "eps": spec.dcpo_eps}
-    if spec.rule == "dppo":
-        return {"kind": "dppo", "divergence": spec.divergence, "delta": spec.delta, "lower_delta": spec.lower_delta,
-                "truncation": spec.ratio_truncation}  # fmt: skip
+    return _RULE_FACETS[spec.rule](spec, loss_kwargs)
+
+
+def _trust_region_facets(spec, loss_kwargs: dict) -> dict:
     facets = {"kind": "band", "divergence": spec.divergence}
     if loss_kwargs["adaptive"] != "none":
         facets["adaptive"] = loss_kwargs["adaptive"]
@@ -54,15 +50,24 @@ def _facets(name: str) -> dict:
     return facets
 
 
+#: what the demo reads of a method of each band rule (openrlhf_band.band.rules.RULES), by the rule's name
+_RULE_FACETS: dict[str, Callable[..., dict]] = {
+    "trust_region": _trust_region_facets,
+    "dcpo": lambda spec, loss_kwargs: {"kind": "dcpo", "eps": spec.dcpo_eps},
+    "dppo": lambda spec, loss_kwargs: {"kind": "dppo", "divergence": spec.divergence, "delta": spec.delta,
+                                       "lower_delta": spec.lower_delta, "truncation": spec.ratio_truncation},
+}  # fmt: skip
+
+
 METHODS: dict[str, dict] = {}
 for _name in METHOD_FLAGS:
     METHODS[_name] = _facets(_name)
     if _name == "dcpo":
         METHODS["band-kl+clip-low"] = {"kind": "band-upper-clip-lower", "divergence": "kl", "eps_low": 0.2}
 del _name
-# what `make demo` runs: the clip, the kl band, the kl band with the lower floor 0.8, and the
-# diagnostic ablation the floor is the training form of (4 methods x 3 seeds, 2 workers; docs/demo.md's timings)
-DEFAULT_METHODS = ["clip", "band-kl", "band-kl-floor", "band-kl+clip-low"]
+if not set(DEFAULT_METHODS) <= set(METHODS):
+    unknown = sorted(set(DEFAULT_METHODS) - set(METHODS))
+    raise ValueError(f"DEFAULT_METHODS (tools/demo/config.py) names methods the demo does not have: {unknown}")
 
 
 def _demo_flags(method: str, cfg: DemoConfig) -> tuple[str, ...]:
