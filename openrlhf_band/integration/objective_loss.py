@@ -1,4 +1,4 @@
-"""`ObjectivePolicyLoss`: a registered objective (CISPO, SAPO, GMPO, Clip-Cov, KL-Cov) behind OpenRLHF
+"""`ObjectivePolicyLoss`: a registered objective (CISPO, SAPO, GMPO, Clip-Cov, KL-Cov, GPG) behind OpenRLHF
 0.11.2's `PolicyLoss` interface, and `make_policy_loss`, the module the patched actor builds for any
 `--actor.policy_loss_type`.
 

@@ -1,4 +1,4 @@
-"""Policy objectives beside the band (CISPO, SAPO, GMPO, Clip-Cov, KL-Cov): a registry (`registry.py`)
+"""Policy objectives beside the band (CISPO, SAPO, GMPO, Clip-Cov, KL-Cov, GPG): a registry (`registry.py`)
 and the built-in entries (`losses.py`). A new objective is one registered function in `losses.py`
 (or a module of its own imported here): it gets its `--actor.<name>.*` flags, `make_policy_loss`,
 the check-args report and its metrics from the entry."""

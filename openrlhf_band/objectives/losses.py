@@ -1,9 +1,9 @@
-"""The field's objectives, each a registered entry: CISPO, SAPO, GMPO, Clip-Cov and KL-Cov, as verl
-0.9.1 computes them (`verl/trainer/ppo/core_algos.py`: cispo, sapo, geo_mean, clip_cov, kl_cov), in
+"""The field's objectives, each a registered entry: CISPO, SAPO, GMPO, Clip-Cov, KL-Cov and GPG, as verl
+0.9.1 computes them (`verl/trainer/ppo/core_algos.py`: cispo, sapo, geo_mean, clip_cov, kl_cov, gpg), in
 OpenRLHF's conventions (a loss to minimise; the caller aggregates). The tests hold each to verl's own
 function, run from the installed wheel (tests/support/verl_objectives.py).
 
-One convention differs from verl's, everywhere: every objective clamps log r = log pi - log pi_old to
+One convention differs from verl's, everywhere: every objective with a ratio clamps log r = log pi - log pi_old to
 [-20, 20] before exp, as OpenRLHF's ppo loss and verl's cispo and sapo do (verl's clip_cov, kl_cov
 and geo_mean do not). The two differ only for a ratio beyond e^20, where verl's loss overflows.
 """
@@ -161,6 +161,24 @@ def gmpo(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps_h
         moved = log_ratio.detach() != clamped.detach()
         upper, lower = moved & (advantages > 0), moved & (advantages < 0)
     return ObjectiveLoss(loss, upper | lower, {"clip_frac_upper": upper, "clip_frac_lower": lower})
+
+
+@register_objective(
+    "gpg",
+    options=(),
+    verl_name="gpg",
+    source="GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning, arXiv 2504.02546",
+    sequence_level=False,
+    uses_clip_eps=False,
+    takes_dual_clip=False,
+    clip_ratio_means="0: GPG clips nothing (no ratio; verl's gpg logs no clip fraction)",
+    metric_docs={},
+)
+def gpg(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps_high, dual_clip):
+    """-A log pi per token: the plain policy gradient, no ratio and no clip (verl's compute_policy_loss_gpg).
+    The old log-probs are not read: the update is on-policy by construction, whatever the mini-batches."""
+    loss = -advantages * log_probs
+    return ObjectiveLoss(loss, torch.zeros_like(mask, dtype=torch.bool), {})
 
 
 def _ppo_clip_losses(ratio: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float):

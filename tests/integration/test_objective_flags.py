@@ -28,6 +28,7 @@ VERL_DEFAULTS = {
     "gmpo": {},
     "clip_cov": {"clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
     "kl_cov": {"kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1},
+    "gpg": {},
 }
 
 

@@ -1,4 +1,4 @@
-"""The registered objectives (CISPO with fixed bounds, SAPO, GMPO, Clip-Cov, KL-Cov), reached through
+"""The registered objectives (CISPO with fixed bounds, SAPO, GMPO, Clip-Cov, KL-Cov, GPG), reached through
 `make_policy_loss(...)`, against verl 0.9.1's own functions run from the installed wheel
 (`tests/support/verl_objectives.py`; nothing of verl's code is copied here).
 
@@ -26,6 +26,8 @@ The mapping the tests hold (ObjectivePolicyLoss's module docstring states it):
   and clip_cov/selected_frac; actor/pg_clipfrac_lower is gmpo/clip_frac_lower (CISPO and SAPO log 0
   there, and SAPO 0 for pg_clipfrac too); actor/ppo_kl is forward's ppo_kl for every objective but
   KL-Cov, where it is kl_cov/abs_kl (the mean |log r|).
+* GPG: -A log pi per token, no ratio and no clip; verl's gpg returns no metrics (no actor/ppo_kl): ours logs
+  OpenRLHF's clip ratio 0 and its ppo_kl.
 * the log-ratio clamp: ours clamps log r to [-20, 20] for every objective; verl's cispo and sapo do
   too, its geo_mean, clip_cov and kl_cov do not (test_log_ratio_clamp_difference). Inside the clamp
   (every rollout batch here) nothing differs.
@@ -95,6 +97,7 @@ CASES = {
     "gmpo": Case("gmpo", 0.2, 0.28),
     "clip_cov": Case("clip_cov", 0.2, 0.28, (("clip_cov_ratio", 0.02), ("clip_cov_lb", 1.0), ("clip_cov_ub", 5.0))),
     "kl_cov": Case("kl_cov", options=(("kl_cov_ratio", 0.02), ("ppo_kl_coef", 0.1))),
+    "gpg": Case("gpg"),
 }
 SEED = 1234  # torch.manual_seed before each call (Clip-Cov's randperm)
 
@@ -241,6 +244,9 @@ def token_scales(case: Case, b: Batch, weights=None, **changes):
         grad = a * r * widen + o["ppo_kl_coef"]
         loss = a * r * widen + o["ppo_kl_coef"] * lr.abs()
         size = a * r + o["ppo_kl_coef"] * lr.abs()
+    elif case.name == "gpg":  # -A log pi; gradient -A (exact: a product with the aggregation weight)
+        log_pi = b.new.double().abs()
+        grad, loss, size = a, a * log_pi, a * log_pi
     else:
         raise ValueError(case.name)
     if weights is not None:
@@ -351,6 +357,9 @@ def ppo_kl_and_metrics_match(case: Case, b: Batch, ours: Ours, theirs) -> list[s
             fails.append(f"{label}: ours {float(mine)!r} verl {float(verl_value)!r} (tol {tol:.3g})")
 
     vm, m = theirs.metrics, ours.metrics
+    if case.name == "gpg":  # verl's gpg returns no metrics; ours: nothing clipped
+        assert vm == {} and m == {} and float(ours.outputs[1]) == 0.0, (vm, m)
+        return fails
     if case.name == "kl_cov":
         check("kl_cov/abs_kl = actor/ppo_kl", m["kl_cov/abs_kl"], vm["actor/ppo_kl"], mean_tol(lr.abs(), b.mask, u))
     else:
@@ -375,7 +384,7 @@ def ppo_kl_and_metrics_match(case: Case, b: Batch, ours: Ours, theirs) -> list[s
 # ------------------------------------------------------------------------------------------ tests
 def test_installed_verl_is_0_9_1(verl):
     assert verl.version == VO.VERL_VERSION == "0.9.1"
-    assert set(verl.losses) == {"cispo", "sapo", "gmpo", "clip_cov", "kl_cov"}
+    assert set(verl.losses) == {"cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "gpg"}
     for name, loss in verl.losses.items():
         assert get_objective(name).verl_name == loss.__name__.removeprefix("compute_policy_loss_")
 
@@ -706,7 +715,7 @@ NEGATIVE_CONTROLS = {
     "clip_cov: eps_high 0.2 for 0.28": ("clip_cov", dict(clip_eps_high=0.2)),
     "kl_cov: kl_cov_ratio 0.01 for 0.02": ("kl_cov", dict(kl_cov_ratio=0.01)),
     "kl_cov: ppo_kl_coef 0.2 for 0.1": ("kl_cov", dict(ppo_kl_coef=0.2)),
-    **{f"{key}: a dropped token": (key, "drop") for key in ("cispo", "sapo", "gmpo", "clip_cov", "kl_cov")},
+    **{f"{key}: a dropped token": (key, "drop") for key in ("cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "gpg")},
 }
 
 
@@ -785,7 +794,7 @@ def test_log_ratio_clamp_difference(verl):
 def test_objective_policy_loss_refuses_band_bounds_and_dual_clip():
     with pytest.raises(ValueError, match="bounds='band'"):
         ObjectivePolicyLoss(policy_loss_type="cispo", bounds="band")
-    for name in ("cispo", "sapo", "gmpo", "kl_cov"):
+    for name in ("cispo", "sapo", "gmpo", "kl_cov", "gpg"):
         with pytest.raises(ValueError, match="dual_clip"):
             make_policy_loss(name, dual_clip=3.0)
     make_policy_loss("clip_cov", dual_clip=3.0)  # Clip-Cov is PPO's clipped min: it takes OpenRLHF's dual clip

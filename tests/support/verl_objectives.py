@@ -1,5 +1,5 @@
 """verl 0.9.1's released policy objectives (`compute_policy_loss_cispo`, `_sapo`, `_geo_mean`,
-`_clip_cov`, `_kl_cov`), run from the installed wheel itself, as ground truth for
+`_clip_cov`, `_kl_cov`, `_gpg`), run from the installed wheel itself, as ground truth for
 `openrlhf_band.objectives` (tests/objectives/test_verl_objectives.py).
 
 As in `verl_dppo` (whose loader this module reuses): importing `verl.trainer.ppo.core_algos` needs
@@ -78,6 +78,7 @@ POLICY_LOSSES = {
     "gmpo": "compute_policy_loss_geo_mean",
     "clip_cov": "compute_policy_loss_clip_cov",
     "kl_cov": "compute_policy_loss_kl_cov",
+    "gpg": "compute_policy_loss_gpg",
 }
 # OpenRLHF's token_level_loss -> verl's loss_agg_mode
 AGG_MODES = {True: "token-mean", False: "seq-mean-token-mean"}
@@ -125,7 +126,7 @@ RECORDER = Recorder()
 
 @functools.cache
 def load(root: Path = VERL_ROOT) -> types.SimpleNamespace:
-    """verl 0.9.1's five objectives (keyed by our names), its agg_loss (unwrapped), masked_sum and
+    """verl 0.9.1's six objectives (keyed by our names), its agg_loss (unwrapped), masked_sum and
     masked_mean, from the wheel installed at `root`. VerlGroundTruthMissing (saying to run `make
     venv`) when the wheel is missing or not verl 0.9.1."""
     version = checked_version(root)
