@@ -3,8 +3,9 @@
 # DPPO authors' verl example (examples/dppo_trainer): radii 0.05 / 0.05, ratio truncation c = 1e4
 # (clip_ratio_c=10000.0), no dual-clip, no upper cap. The radii are --actor.band.delta_low_high LOW HIGH,
 # so an asymmetric pair is one edit.
-# Aggregation: verl's example scripts use loss_agg_mode seq-mean-token-sum-norm, which OpenRLHF 0.11.2
-# does not have; this script keeps the recipe's seq-mean-token-mean (common.sh), like every other script.
+# Aggregation: verl's example scripts use loss_agg_mode seq-mean-token-sum-norm (here --actor.loss_agg_mode
+# seq-mean-token-sum-norm, divided by --rollout.max_new_tokens); this script keeps the recipe's
+# seq-mean-token-mean (common.sh), like every other script.
 # Usage: MODEL=... DATA_DIR=... bash examples/scripts/dppo_kl.sh   (DRY_RUN=1 to validate only; see common.sh)
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR

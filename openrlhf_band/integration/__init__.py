@@ -44,12 +44,14 @@ _PUBLIC = {
     "POLICY_LOSSES": "openrlhf_band.integration.loss_registry",
     "loss_entry": "openrlhf_band.integration.loss_registry",
     "OpenRLHFPolicyLoss": "openrlhf_band.integration.openrlhf_loss",
+    "LOSS_AGG_MODES": "openrlhf_band.integration.openrlhf_loss",
     "ObjectivePolicyLoss": "openrlhf_band.integration.objective_loss",
     "make_policy_loss": "openrlhf_band.integration.objective_loss",
     "BandPolicyLoss": "openrlhf_band.integration.policy_loss",
 }
 __all__ = [
     "BandPolicyLoss",
+    "LOSS_AGG_MODES",
     "LOSS_TYPES",
     "ObjectivePolicyLoss",
     "OpenRLHFPolicyLoss",
@@ -114,7 +116,7 @@ if TYPE_CHECKING:
     from openrlhf_band.integration.metrics import band_metrics
     from openrlhf_band.integration.objective_flags import LOSS_TYPES
     from openrlhf_band.integration.objective_loss import ObjectivePolicyLoss, make_policy_loss
-    from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss
+    from openrlhf_band.integration.openrlhf_loss import LOSS_AGG_MODES, OpenRLHFPolicyLoss
     from openrlhf_band.integration.policy_loss import BandPolicyLoss
 
 

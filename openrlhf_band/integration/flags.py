@@ -22,6 +22,7 @@ from openrlhf_band.band.rules import DPPO_DEFAULT_TRUNCATION, OWNED, RULES, flag
 from openrlhf_band.band.spec import BandSpec
 from openrlhf_band.functional import BACKENDS
 from openrlhf_band.integration.fused_head import fused_logprobs_config
+from openrlhf_band.integration.loss_registry import args_entry
 from openrlhf_band.integration.objective_flags import (
     add_objective_arguments,
     band_drives_loss,
@@ -29,6 +30,7 @@ from openrlhf_band.integration.objective_flags import (
     uses_band_bounds,
     validate_objective_arguments,
 )
+from openrlhf_band.integration.openrlhf_loss import OPENRLHF_AGG_MODES
 from openrlhf_band.integration.parser_errors import OneLineErrors
 
 # The authors' runs: kl, delta 0.05, upper cap 10, relax off (an ablation the paper reports as harmful).
@@ -255,9 +257,16 @@ def add_loss_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate_loss_arguments(parser: argparse.ArgumentParser, args) -> None:
     """Check and fill the loss flags after parsing: the objectives' first (CISPO's bounds decide
-    whether the band's flags apply), then the band's."""
+    whether the band's flags apply), then the band's, then the aggregation."""
     validate_objective_arguments(parser, args)
     validate_band_arguments(parser, args)
+    mode = getattr(args.actor, "loss_agg_mode", "token-mean")  # (the named methods' parser has no such flag)
+    if mode not in OPENRLHF_AGG_MODES and args_entry(args).openrlhf:
+        OneLineErrors(parser).error(
+            f"--actor.loss_agg_mode {mode} needs a loss of openrlhf-band (--loss band or an objective such as "
+            f"--loss gpg): OpenRLHF's own {args.actor.policy_loss_type} aggregates {' or '.join(OPENRLHF_AGG_MODES)} "
+            "only"
+        )
 
 
 def band_spec(band) -> BandSpec:
@@ -302,6 +311,8 @@ def resolved_loss_config(args) -> dict:
         "policy_loss_type": args.actor.policy_loss_type,
         "dual_clip": args.actor.dual_clip,
         "loss_agg_mode": args.actor.loss_agg_mode,
+        **({"loss_scale_factor": args.rollout.max_new_tokens} if args.actor.loss_agg_mode == "seq-mean-token-sum-norm"
+           else {}),  # fmt: skip
         "advantage_estimator": args.algo.advantage.estimator,
         "kl_loss": {
             "use_loss": args.algo.kl.use_loss,

@@ -4,7 +4,7 @@ metrics, and the adaptive radius' inputs, step and checkpoint state (no-ops for 
 
 from __future__ import annotations
 
-from openrlhf_band.integration.loss_registry import args_entry
+from openrlhf_band.integration.loss_registry import aggregation_kwargs, args_entry
 from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss
 from openrlhf_band.integration.policy_loss import BandPolicyLoss
 
@@ -20,7 +20,7 @@ def loss_class_and_kwargs(args, policy_loss_class) -> tuple[type, dict]:
     entry = args_entry(args)
     if entry.openrlhf:
         return policy_loss_class, {}
-    return entry.module(), entry.kwargs_from_args(args)
+    return entry.module(), {**entry.kwargs_from_args(args), **aggregation_kwargs(args)}
 
 
 def loss_metrics(loss_fn) -> dict:

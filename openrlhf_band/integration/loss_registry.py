@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from openrlhf_band.integration.openrlhf_loss import OPENRLHF_AGG_MODES
 from openrlhf_band.objectives import OBJECTIVES
 
 #: OpenRLHF 0.11.2's own policy losses, which this package leaves to OpenRLHF's PolicyLoss
@@ -108,6 +109,18 @@ def loss_entry(policy_loss_type: str, bounds: str | None = None) -> LossEntry:
         names = ", ".join(name for name in POLICY_LOSSES if name != "band-cispo")
         raise ValueError(f"unknown policy loss {policy_loss_type!r} (no objective of that name); registered: "
                          f"{names}") from None  # fmt: skip
+
+
+def aggregation_kwargs(args) -> dict:
+    """The aggregation arguments the actor's loss takes beyond OpenRLHF's `token_level_loss`: none for OpenRLHF's
+    two modes; for verl's seq-mean-token-sum(-norm) the mode, and for -norm the constant normaliser, the rollout's
+    max new tokens (the longest a reply can be, not a micro-batch's padded width)."""
+    mode = getattr(args.actor, "loss_agg_mode", "token-mean")
+    if mode in OPENRLHF_AGG_MODES:
+        return {}
+    if mode == "seq-mean-token-sum-norm":
+        return {"loss_agg_mode": mode, "loss_scale_factor": args.rollout.max_new_tokens}
+    return {"loss_agg_mode": mode}
 
 
 def args_entry(args) -> LossEntry:

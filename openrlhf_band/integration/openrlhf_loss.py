@@ -13,6 +13,13 @@ supplies only `token_loss`, its per-token (or per-sequence) loss, the tokens its
 (`BandPolicyLoss`, `ObjectivePolicyLoss`; Liger-Kernel's fused_linear_ppo base has the same shape). Which module
 a `--actor.policy_loss_type` gets is `openrlhf_band.integration.loss_registry`.
 
+Aggregation (`loss_agg_mode`): OpenRLHF's two modes through its own `aggregate_loss` (token-mean,
+seq-mean-token-mean), and verl 0.9.1's `agg_loss` modes OpenRLHF lacks: seq-mean-token-sum (each sequence's token
+sum, averaged over the sequences: OpenRLHF's global sample count, else those with a token) and
+seq-mean-token-sum-norm (that over a constant, `loss_scale_factor`: Dr. GRPO's normaliser; the patched actor passes
+the rollout's max new tokens, never a micro-batch's padded width). Entropy and the KL loss stay OpenRLHF's
+token-mean (verl aggregates them with the same mode).
+
 Importing this module does not import OpenRLHF; `forward` imports its `aggregate_loss` and `masked_mean`, so that
 aggregation keeps OpenRLHF's exact semantics.
 """
@@ -39,23 +46,41 @@ OPENRLHF_ARGUMENTS = {
     "is_correction_threshold": (0.5, 5.0),
 }
 
+#: --actor.loss_agg_mode: OpenRLHF 0.11.2's two, then verl 0.9.1's that OpenRLHF lacks (module docstring)
+OPENRLHF_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+LOSS_AGG_MODES = (*OPENRLHF_AGG_MODES, "seq-mean-token-sum", "seq-mean-token-sum-norm")
+#: the aggregation's keywords, beside OpenRLHF's arguments (None: from token_level_loss, as OpenRLHF's actor sets it)
+AGGREGATION_ARGUMENTS = {"loss_agg_mode": None, "loss_scale_factor": None}
+
 
 def openrlhf_arguments(positional: tuple, keywords: dict, **defaults) -> tuple[dict, dict]:
-    """(OpenRLHF's constructor arguments, the other keywords): `positional` in OpenRLHF's order and `keywords` by
-    name, as `PolicyLoss(...)` binds them, with OpenRLHF's defaults except those in `defaults` (a subclass's own
-    default `policy_loss_type`). TypeError as Python's for too many or repeated arguments."""
+    """(OpenRLHF's constructor arguments and the aggregation's, the other keywords): `positional` in OpenRLHF's
+    order and `keywords` by name, as `PolicyLoss(...)` binds them, with OpenRLHF's defaults except those in
+    `defaults` (a subclass's own default `policy_loss_type`). TypeError as Python's for too many or repeated
+    arguments."""
     names = list(OPENRLHF_ARGUMENTS)
     if len(positional) > len(names):
         raise TypeError(f"takes at most {len(names)} positional arguments (OpenRLHF's), got {len(positional)}")
     given = dict(zip(names, positional))
     rest = dict(keywords)
-    for name in names[len(positional) :]:
+    for name in [*names[len(positional) :], *AGGREGATION_ARGUMENTS]:
         if name in rest:
             given[name] = rest.pop(name)
     repeated = sorted(set(given) & set(rest))
     if repeated:
         raise TypeError(f"got multiple values for argument {repeated[0]!r}")
-    return {**OPENRLHF_ARGUMENTS, **defaults, **given}, rest
+    return {**OPENRLHF_ARGUMENTS, **AGGREGATION_ARGUMENTS, **defaults, **given}, rest
+
+
+def sequence_token_sums(loss: Tensor, live: Tensor, dp_size: int, global_batch_size) -> Tensor:
+    """verl 0.9.1's seq-mean-token-sum: each sequence's token sum (B, T) -> (B,), summed over the sequences that
+    have a token, over `global_batch_size` (OpenRLHF's global sample count) times dp_size, else over their number
+    (at least 1). `loss` is 0 at masked positions."""
+    has_tokens = live.any(dim=-1).to(loss.dtype)
+    total = (loss.sum(dim=-1) * has_tokens).sum()
+    if global_batch_size is None:
+        return total / has_tokens.sum().clamp(min=1)
+    return total / global_batch_size * dp_size
 
 
 class TokenLoss(NamedTuple):
@@ -96,9 +121,25 @@ class OpenRLHFPolicyLoss(nn.Module):
         takes_dual_clip: bool,
         why_no_dual_clip: str = "",
         sequence_level: bool = False,
+        loss_agg_mode: str | None = None,
+        loss_scale_factor: float | None = None,
     ) -> None:
         super().__init__()
         self.sequence_level = sequence_level
+        if loss_agg_mode is None:  # OpenRLHF's actor: token-mean or not
+            loss_agg_mode = "token-mean" if token_level_loss else "seq-mean-token-mean"
+        if loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)}, got {loss_agg_mode!r}")
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            if not (isinstance(loss_scale_factor, (int, float)) and loss_scale_factor > 0):
+                raise ValueError(
+                    "seq-mean-token-sum-norm needs loss_scale_factor > 0, a constant (the rollout's max new tokens: "
+                    f"--rollout.max_new_tokens), got {loss_scale_factor!r}"
+                )
+        elif loss_scale_factor is not None:
+            raise ValueError(f"loss_scale_factor applies to seq-mean-token-sum-norm only, not {loss_agg_mode}")
+        self.loss_agg_mode, self.loss_scale_factor = loss_agg_mode, loss_scale_factor
+        token_level_loss = loss_agg_mode == "token-mean"  # the mode decides (the actor passes the same)
         if dual_clip is not None:
             if not takes_dual_clip:
                 raise ValueError(f"dual_clip does not apply to {policy_loss_type}{why_no_dual_clip}")
@@ -182,14 +223,20 @@ class OpenRLHFPolicyLoss(nn.Module):
                 else (total / global_batch_size * dp_size)
             )
         else:
-            loss = aggregate_loss(
-                torch.where(live, loss, torch.zeros((), dtype=loss.dtype, device=loss.device)),
-                action_mask,
-                token_level_loss=self.token_level_loss,
-                dp_size=dp_size,
-                batch_num_tokens=batch_num_tokens,
-                global_batch_size=global_batch_size,
-            )
+            loss = torch.where(live, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+            if self.loss_agg_mode in OPENRLHF_AGG_MODES:
+                loss = aggregate_loss(
+                    loss,
+                    action_mask,
+                    token_level_loss=self.token_level_loss,
+                    dp_size=dp_size,
+                    batch_num_tokens=batch_num_tokens,
+                    global_batch_size=global_batch_size,
+                )
+            else:
+                loss = sequence_token_sums(loss, live, dp_size, global_batch_size)
+                if self.loss_agg_mode == "seq-mean-token-sum-norm":
+                    loss = loss / self.loss_scale_factor
         clip_ratio = masked_mean(out.clipped.float(), action_mask, dim=None)
         # masked positions may hold anything (nan, inf): nothing of them reaches the mean
         log_ratio = torch.where(live, self.kl_log_ratio(log_probs, old_log_probs).detach(), 0.0)

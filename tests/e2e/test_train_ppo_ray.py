@@ -838,7 +838,9 @@ OBJECTIVE_RUNS = {
     "clip_cov": ("--actor.dual_clip", "3", "--actor.loss_agg_mode", "seq-mean-token-mean",
                  "--actor.clip_cov.clip_cov_ratio", "0.1", "--actor.clip_cov.clip_cov_lb=-1e6",
                  "--actor.clip_cov.clip_cov_ub", "1e6"),  # (argparse reads a bare -1e6 as a flag)
-    "kl_cov": ("--actor.kl_cov.kl_cov_ratio", "0.1", "--actor.kl_cov.ppo_kl_coef", "1"),
+    "kl_cov": ("--actor.kl_cov.kl_cov_ratio", "0.1", "--actor.kl_cov.ppo_kl_coef", "1",
+               "--actor.loss_agg_mode", "seq-mean-token-sum-norm"),  # verl's modes (issue 60): one run each
+    "gpg": ("--actor.loss_agg_mode", "seq-mean-token-sum"),
 }  # fmt: skip
 # what OpenRLHF's ppo_clip_ratio holds for each objective (the entry's clip_ratio_means), as metrics
 CLIP_RATIO_IS = {
@@ -846,6 +848,7 @@ CLIP_RATIO_IS = {
     "gmpo": ("gmpo/clip_frac_upper", "gmpo/clip_frac_lower"),
     "clip_cov": ("clip_cov/clip_frac",),
     "kl_cov": ("kl_cov/selected_frac",),
+    "gpg": (),  # GPG clips nothing
 }
 
 
@@ -879,6 +882,8 @@ def test_objectives_train_through_the_real_engine(objective_runs, unsynced_run):
     assert objective_runs["kl_cov"].scalars()["train/kl_cov/selected_frac"][1] > 0.0
     assert "dual_clip=3.0" in objective_runs["clip_cov"].log
     assert "train/vllm_kl" in objective_runs["gmpo"].scalars()  # the IS correction ran (GMPO: per sequence)
+    assert "loss_agg_mode='seq-mean-token-sum-norm'" in objective_runs["kl_cov"].log
+    assert "loss_agg_mode='seq-mean-token-sum'" in objective_runs["gpg"].log
     assert run_processes("E2E_RUN_ID=e2e-") == []
 
 
