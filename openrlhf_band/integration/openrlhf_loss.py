@@ -72,12 +72,13 @@ def openrlhf_arguments(positional: tuple, keywords: dict, **defaults) -> tuple[d
     return {**OPENRLHF_ARGUMENTS, **AGGREGATION_ARGUMENTS, **defaults, **given}, rest
 
 
-def sequence_token_sums(loss: Tensor, live: Tensor, dp_size: int, global_batch_size) -> Tensor:
-    """verl 0.9.1's seq-mean-token-sum: each sequence's token sum (B, T) -> (B,), summed over the sequences that
-    have a token, over `global_batch_size` (OpenRLHF's global sample count) times dp_size, else over their number
-    (at least 1). `loss` is 0 at masked positions."""
-    has_tokens = live.any(dim=-1).to(loss.dtype)
-    total = (loss.sum(dim=-1) * has_tokens).sum()
+def mean_over_sequences(per_sequence: Tensor, live: Tensor, dp_size: int, global_batch_size) -> Tensor:
+    """(B,) per-sequence losses summed over the sequences that have a token (`live` (B, T)), over
+    `global_batch_size` (OpenRLHF's global sample count) times dp_size, else over their number (at least 1): the
+    aggregation of a sequence-level loss (OpenRLHF's per-sample mode) and of verl 0.9.1's seq-mean-token-sum, whose
+    per-sequence loss is the token sum."""
+    has_tokens = live.any(dim=-1).to(per_sequence.dtype)
+    total = (per_sequence * has_tokens).sum()
     if global_batch_size is None:
         return total / has_tokens.sum().clamp(min=1)
     return total / global_batch_size * dp_size
@@ -215,13 +216,7 @@ class OpenRLHFPolicyLoss(nn.Module):
             # OpenRLHF's per-sample aggregation of per-sequence losses: a sum over the sequences that have a
             # token, over the global sample count (else their number), times dp_size (its aggregate_loss would
             # first divide each by its count 1 + 1e-8)
-            has_tokens = live.any(dim=-1).to(loss.dtype)
-            total = (loss * has_tokens).sum()
-            loss = (
-                total / has_tokens.sum().clamp(min=1)
-                if global_batch_size is None
-                else (total / global_batch_size * dp_size)
-            )
+            loss = mean_over_sequences(loss, live, dp_size, global_batch_size)
         else:
             loss = torch.where(live, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
             if self.loss_agg_mode in OPENRLHF_AGG_MODES:
@@ -234,7 +229,7 @@ class OpenRLHFPolicyLoss(nn.Module):
                     global_batch_size=global_batch_size,
                 )
             else:
-                loss = sequence_token_sums(loss, live, dp_size, global_batch_size)
+                loss = mean_over_sequences(loss.sum(dim=-1), live, dp_size, global_batch_size)
                 if self.loss_agg_mode == "seq-mean-token-sum-norm":
                     loss = loss / self.loss_scale_factor
         clip_ratio = masked_mean(out.clipped.float(), action_mask, dim=None)
