@@ -40,9 +40,13 @@
 #                    per token (mask mode; it also logs band/behaviour_*) and sleep mode off (OpenRLHF refuses
 #                    it in async mode); PARTIAL_ROLLOUT=1 adds --train.partial_rollout_enable (vLLM pauses for
 #                    the weight sync, so a reply may hold tokens of two weight versions). The band stays
-#                    centred on the actor's own log-probs: docs/training.md#asynchronous-training-where-the-band-is-centred.
+#                    centred on the actor's own log-probs unless BAND_ANCHOR=rollout:
+#                    docs/training.md#asynchronous-training-where-the-band-is-centred.
 #                    Training and vLLM then run at once on separate GPUs: ROLLOUT_GPUS_PER_NODE of each node's
 #                    GPUS_PER_NODE go to vLLM (default half), the rest to the actor and the reference
+#   BAND_ANCHOR=rollout  the band centred on the log-probs vLLM returned for the tokens it sampled
+#                    (--actor.band.anchor rollout: no recompute pass of pi_old; band scripts only), with ASYNC=1
+#                    in place of the IS correction, whose weight pi_old / mu would be exactly 1
 #   AGENT=1          the task's multi-turn agent (--train.agent_func_path, in place of --reward.remote_url: the
 #                    agent scores the episode): code (the sandbox runs each program against the visible test and
 #                    a failure goes back to the model) and reasoning-gym (a wrong answer is answered); up to
@@ -124,11 +128,19 @@ launch() {
   if [[ "${SLEEP_MODE:-1}" == 0 ]]; then
     sleep_args=()
   fi
-  local async_args=()
+  local async_args=() anchor_args=() is_args=(--algo.advantage.is_correction_level token
+                                                  --algo.advantage.is_correction_mode mask)
+  case "${BAND_ANCHOR:-recomputed}" in
+    recomputed) ;;
+    rollout) anchor_args=(--actor.band.anchor rollout) is_args=() ;;
+    *) echo "[$METHOD] BAND_ANCHOR must be recomputed or rollout, got ${BAND_ANCHOR}" >&2; return 2 ;;
+  esac
+  if [[ "${SAMPLER_RATIO:-0}" == 1 ]]; then
+    is_args=()  # (drpo.sh, ipo.sh) a loss whose ratio is against vLLM's log-probs takes no IS correction
+  fi
   if [[ "${ASYNC:-0}" == 1 ]]; then
     sleep_args=()  # train_ppo_ray asserts that async training runs without sleep mode
-    async_args=(--train.async_enable --train.async_queue_size "${ASYNC_QUEUE:-1}"
-                --algo.advantage.is_correction_level token --algo.advantage.is_correction_mode mask)
+    async_args=(--train.async_enable --train.async_queue_size "${ASYNC_QUEUE:-1}" "${is_args[@]}")
     if [[ "${PARTIAL_ROLLOUT:-0}" == 1 ]]; then
       async_args+=(--train.partial_rollout_enable)
     fi
@@ -149,7 +161,7 @@ launch() {
     # (openrlhf_band.ops.fused_linear_logprobs): no [batch, seq, vocab] float32 logits. Not yet measured
     # on a GPU; FUSED_LOGPROBS=0 runs OpenRLHF's released forward instead.
     "${fused_args[@]}"
-    "${async_args[@]}"
+    "${async_args[@]}" "${anchor_args[@]}"
     # GRPO with the paper's batch shape: 256 prompts x 16 samples, 4 optimizer steps per rollout
     --algo.advantage.estimator group_norm
     --rollout.batch_size 256 --rollout.n_samples_per_prompt 16

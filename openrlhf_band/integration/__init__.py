@@ -38,6 +38,9 @@ _PUBLIC = {
     "band_load_checkpoint_state": "openrlhf_band.integration.hooks",
     "band_loss_inputs": "openrlhf_band.integration.hooks",
     "loss_class_and_kwargs": "openrlhf_band.integration.hooks",
+    "rollout_anchor_ref": "openrlhf_band.integration.hooks",
+    "rollout_logprobs_mode": "openrlhf_band.integration.hooks",
+    "requests_rollout_log_probs": "openrlhf_band.integration.hooks",
     "loss_metrics": "openrlhf_band.integration.hooks",
     "band_metrics": "openrlhf_band.integration.metrics",
     "LOSS_TYPES": "openrlhf_band.integration.objective_flags",
@@ -76,6 +79,9 @@ __all__ = [
     "missing_vllm",
     "pad_input",
     "rearrange",
+    "requests_rollout_log_probs",
+    "rollout_anchor_ref",
+    "rollout_logprobs_mode",
     "unpad_input",
     "validate_band_arguments",
     "validate_fused_logprobs_arguments",
@@ -111,6 +117,9 @@ if TYPE_CHECKING:
         band_loss_inputs,
         loss_class_and_kwargs,
         loss_metrics,
+        requests_rollout_log_probs,
+        rollout_anchor_ref,
+        rollout_logprobs_mode,
     )
     from openrlhf_band.integration.loss_registry import POLICY_LOSSES, loss_entry
     from openrlhf_band.integration.metrics import band_metrics

@@ -51,7 +51,12 @@ BAND_DEFAULTS = {
     # DPPO's (--actor.band.rule dppo): asymmetric radii (else --band_delta for both) and its ratio truncation c
     "delta_low_high": None,
     "dppo_truncation": None,
+    # where pi_old, the band's centre, comes from (ANCHORS): recomputed by the actor, or the sampler's
+    "anchor": "recomputed",
 }
+#: --actor.band.anchor's choices: pi_old recomputed by the actor when the experience is made (OpenRLHF's way), or
+#: the log-probs the rollout engine returned for the tokens it sampled (verl's bypass mode; integration/hooks.py)
+ANCHORS = ("recomputed", "rollout")
 #: --actor.band.rule's choices: openrlhf_band.band.rules.RULES, where each rule declares what it takes
 BAND_RULES = tuple(RULES)
 
@@ -125,6 +130,14 @@ def add_band_arguments(parser: argparse.ArgumentParser) -> None:
         "--actor.band.dppo_truncation", type=_truncation, default=None, metavar="C",
         help=f"DPPO's ratio truncation: an unmasked token's gradient weight is min(r, C), C > 0, or 'none' "
         f"(default {DPPO_DEFAULT_TRUNCATION:g}, the DPPO authors' scripts; --actor.band.rule dppo only)",
+    )  # fmt: skip
+    group.add_argument(
+        "--actor.band.anchor", default=None, choices=ANCHORS,
+        help="where pi_old, the band's centre, comes from: recomputed (default, OpenRLHF's way: the actor's "
+        "log-probs, recomputed when the experience is made) or rollout (the log-probs vLLM returned for the tokens "
+        "it sampled, verl's bypass mode: no recompute pass; the centre is the policy that sampled each token, also "
+        "asynchronously and with partial rollouts). rollout refuses --algo.advantage.is_correction_level (its "
+        "weight pi_old / mu would be exactly 1) and --rollout.top_p < 1 (vLLM's log-probs would be of the nucleus)",
     )  # fmt: skip
     group.add_argument(
         "--actor.band.backend", default=None, choices=BACKENDS,
@@ -219,6 +232,10 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
             setattr(band, key, default)
     if band.upper_cap == math.inf:
         band.upper_cap = None
+    if band.anchor == "rollout":
+        problem = _rollout_anchor_problem(args)
+        if problem is not None:
+            parser.error(problem)
     band.dcpo_eps = None
     problem = rule.prepare_flags(band, args)
     if problem is not None:
@@ -247,6 +264,26 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"--actor.dual_clip must be > 1, got {args.actor.dual_clip}")
     if (band.adaptive == "entropy" or band.target_entropy is not None) and args.actor.entropy_coef is None:
         args.actor.entropy_coef = 0.0  # the adaptive radius reads the entropy OpenRLHF computes for its log
+
+
+def _rollout_anchor_problem(args) -> str | None:
+    """Why `--actor.band.anchor rollout` cannot run with these flags, or None."""
+    # (train_ppo_ray's namespace; the named methods' parser has neither flag)
+    level = getattr(getattr(getattr(args, "algo", None), "advantage", None), "is_correction_level", "off")
+    top_p = getattr(getattr(args, "rollout", None), "top_p", 1.0)
+    if level != "off":
+        return (
+            f"--algo.advantage.is_correction_level {level} does not apply to "
+            "--actor.band.anchor rollout: its weight pi_old / mu is exactly 1 when pi_old is the sampler's mu; drop "
+            "it, or keep it with --actor.band.anchor recomputed"
+        )
+    if top_p < 1.0:
+        return (
+            f"--actor.band.anchor rollout needs --rollout.top_p 1 (got {top_p:g}): vLLM's log-probs are then "
+            "renormalised over the nucleus while the actor's are of the whole distribution, so the ratio would not "
+            "start at 1; use --actor.band.anchor recomputed with top-p sampling"
+        )
+    return None
 
 
 def add_loss_arguments(parser: argparse.ArgumentParser) -> None:
@@ -278,7 +315,7 @@ def band_loss_kwargs(args) -> dict:
     """BandPolicyLoss's band arguments from the hierarchized training arguments: the spec built
     (and validated) at parse time, the backend and, for a rule with the adaptive radius, its options."""
     band = args.actor.band
-    kwargs = {"band": band_spec(band), "backend": band.backend}
+    kwargs = {"band": band_spec(band), "backend": band.backend, "anchor": band.anchor}
     if RULES[band.rule].adaptive_radius:
         kwargs.update(
             adaptive=band.adaptive, entropy_power=band.entropy_power, delta_range=tuple(band.delta_range),
@@ -289,11 +326,13 @@ def band_loss_kwargs(args) -> dict:
 
 def rollout_config(args) -> dict:
     """How the samples the loss sees were made: synchronous or asynchronous (queue size, partial
-    rollouts), and the train/rollout IS correction. The loss's pi_old (the band's centre) is always the
-    actor's log-probs recomputed when the experience is made; asynchronously the sampler lags it by up
-    to queue-size rollouts (docs/training.md#asynchronous-training-where-the-band-is-centred)."""
+    rollouts), the train/rollout IS correction, and where the loss's pi_old comes from (`old_log_probs`):
+    the actor's log-probs recomputed when the experience is made (asynchronously the sampler lags them by up
+    to queue-size rollouts), or with the band's rollout anchor the sampler's own
+    (docs/training.md#asynchronous-training-where-the-band-is-centred)."""
     train, advantage = args.train, args.algo.advantage
     config = {
+        "old_log_probs": "rollout" if band_drives_loss(args) and args.actor.band.anchor == "rollout" else "recomputed",
         "async": train.async_enable,
         "async_queue_size": train.async_queue_size if train.async_enable else None,
         "partial_rollout": train.partial_rollout_enable,
@@ -334,5 +373,5 @@ def resolved_loss_config(args) -> dict:
         config["eps_clip_low_high"] = list(args.actor.eps_clip_low_high)
     if not band_drives_loss(args):
         return config
-    config["band"] = RULES[args.actor.band.rule].resolved_config(args.actor.band)
+    config["band"] = {**RULES[args.actor.band.rule].resolved_config(args.actor.band), "anchor": args.actor.band.anchor}
     return config

@@ -64,3 +64,72 @@ def band_load_checkpoint_state(loss_fn, checkpoint_states: dict | None) -> None:
     """Restore what `band_checkpoint_state` saved (on resume)."""
     if isinstance(loss_fn, BandPolicyLoss) and checkpoint_states and CHECKPOINT_KEY in checkpoint_states:
         loss_fn.load_band_state(checkpoint_states[CHECKPOINT_KEY])
+
+
+# --- where the loss's pi_old comes from (--actor.band.anchor; docs/training.md#where-the-band-is-centred) ---------
+def anchored_on_rollout(args) -> bool:
+    """Whether the loss's pi_old is the sampler's log-probs (`--actor.band.anchor rollout`)."""
+    return getattr(getattr(args.actor, "band", None), "anchor", None) == "rollout"
+
+
+def requests_rollout_log_probs(args) -> bool:
+    """Whether vLLM returns the log-prob of each token it samples (train_ppo_ray's engine mode and each request's
+    `logprobs=1`): OpenRLHF's train/rollout IS correction reads them, the rollout anchor is them, and an objective
+    whose ratio is against the sampler (DRPO, IPO) reads them."""
+    from openrlhf_band.integration.objective_flags import objective_reads_rollout_log_probs
+
+    return (
+        args.algo.advantage.is_correction_level != "off"
+        or anchored_on_rollout(args)
+        or objective_reads_rollout_log_probs(args)
+    )
+
+
+def rollout_logprobs_mode(args) -> str | None:
+    """vLLM's `logprobs_mode` for `create_vllm_engines`, when they are requested: the log-probs after the sampling
+    processors, the temperature (the actor divides its logits by the same one) and top-p (which the rollout anchor,
+    DRPO and IPO refuse) among them; also OpenRLHF's min_tokens=1, which takes the end-of-sequence token out of a
+    reply's first position, where vLLM's log-prob then exceeds the actor's by -log(1 - p_eos)."""
+    return "processed_logprobs" if requests_rollout_log_probs(args) else None
+
+
+def rollout_anchor_ref(args, samples_list, duplicate_factor: int):
+    """For `RemoteExperienceMaker.make_experience`: with `--actor.band.anchor rollout`, a Ray object holding each
+    micro-batch's rollout log-probs in the layout of the actor's forward results (what `_flatten_results` reads:
+    one single-entry list per micro-batch, repeated `duplicate_factor` times), so the experience's
+    `action_log_probs`, the loss's pi_old, are the sampler's and the actor's recompute pass is not dispatched.
+    None otherwise (the recompute pass runs, as in OpenRLHF)."""
+    if not anchored_on_rollout(args):
+        return None
+    import ray
+
+    return ray.put([[log_probs] for log_probs in rollout_log_probs_of(samples_list) for _ in range(duplicate_factor)])
+
+
+def rollout_log_probs_of(samples_list) -> list:
+    """Each micro-batch's rollout log-probs (B, T-1) as float32, the action mask's shape (natural log; masked
+    positions hold what vLLM's executor wrote there, 0.0). Raises RuntimeError when a micro-batch has none (an
+    agent executor that does not return them) or a non-finite one inside its action mask: a centre at log-prob
+    0 or -inf would train on garbage."""
+    import torch
+
+    out = []
+    for samples in samples_list:
+        log_probs, mask = samples.rollout_log_probs, samples.action_mask
+        if log_probs is None:
+            raise RuntimeError(
+                "--actor.band.anchor rollout: a sample came back without vLLM's log-probs (rollout_log_probs is "
+                "None); an agent executor must return them (OpenRLHF's do), or use --actor.band.anchor recomputed"
+            )
+        if log_probs.shape != mask.shape:
+            raise RuntimeError(f"--actor.band.anchor rollout: rollout log-probs {tuple(log_probs.shape)} do not match "
+                               f"the action mask {tuple(mask.shape)}")  # fmt: skip
+        log_probs = log_probs.float()
+        bad = (mask != 0) & ~torch.isfinite(log_probs)
+        if bad.any():
+            raise RuntimeError(
+                f"--actor.band.anchor rollout: {int(bad.sum())} sampled token(s) have a non-finite vLLM log-prob; "
+                "the band cannot be centred there (use --actor.band.anchor recomputed)"
+            )
+        out.append(log_probs)
+    return out

@@ -57,7 +57,9 @@ def band_metrics(
         policy that sampled the tokens (vLLM's, mu: the same weights up to the engine's arithmetic
         in synchronous training, older ones in asynchronous training). Share of tokens whose
         sampler ratio mu / pi_old lies outside [r_low, r_up], and the mean |log mu - log pi_old|
-        (nats): how far the sampler already stood from the band's centre.
+        (nats): how far the sampler already stood from the band's centre. With the rollout
+        anchor (--actor.band.anchor rollout) pi_old is mu: both read exactly 0, and
+        BandPolicyLoss adds band/anchor_rollout = 1.
 
     Args:
         out: `band_token_loss(..., return_bounds=True)`'s output for (B, T) (or any shape) tokens.

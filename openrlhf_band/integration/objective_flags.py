@@ -12,6 +12,7 @@ from openrlhf_band.band.rules import RULES
 from openrlhf_band.integration.loss_registry import args_entry
 from openrlhf_band.integration.parser_errors import OneLineErrors
 from openrlhf_band.objectives import OBJECTIVES, get_objective
+from openrlhf_band.objectives.registry import sampler_is_refusal
 
 OPENRLHF_EPS_CLIP = 0.2  # --actor.eps_clip's default in OpenRLHF 0.11.2: another value was given on purpose
 #: every value of --actor.policy_loss_type this package adds to OpenRLHF's ppo and gspo
@@ -44,8 +45,24 @@ def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 _flag(objective.name, option.name), type=_parser_type(option), default=None,
                 choices=option.choices, metavar=option.name.upper() if option.choices is None else None,
-                help=f"{objective.name}: {option.help} (default {option.default}; verl: {option.verl_key})",
+                help=f"{objective.name}: {option.help} (default {option.default}; {_keys_of(objective)}: "
+                f"{option.verl_key})",
             )  # fmt: skip
+
+
+def _keys_of(objective) -> str:
+    """Whose config keys the objective's options are named after: verl's, or its authors' code's."""
+    return "verl" if objective.verl_name else objective.code.split(" ")[0]
+
+
+def objective_reads_rollout_log_probs(args) -> bool:
+    """The selected objective's ratio is against the sampler's log-probs (DRPO by default, IPO): vLLM must
+    return them."""
+    loss = args.actor.policy_loss_type
+    if loss not in OBJECTIVES or uses_band_bounds(args):
+        return False
+    objective = get_objective(loss)
+    return objective.reads_rollout_log_probs(objective.resolve_options(objective_loss_kwargs(args)))
 
 
 def uses_band_bounds(args) -> bool:
@@ -99,6 +116,16 @@ def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
     elif args.actor.eps_clip != OPENRLHF_EPS_CLIP and not reads_eps:
         parser.error(f"--actor.eps_clip does not apply to --loss {loss} (it has no clip interval of its own)")
     advantage = args.algo.advantage
+    if objective_reads_rollout_log_probs(args):
+        if advantage.is_correction_level != "off":
+            parser.error(f"--algo.advantage.is_correction_level {advantage.is_correction_level} does not apply to "
+                         f"--loss {loss} ({sampler_is_refusal(loss)})")  # fmt: skip
+        top_p = getattr(getattr(args, "rollout", None), "top_p", 1.0)
+        if top_p < 1.0:
+            parser.error(
+                f"--loss {loss} needs --rollout.top_p 1 (got {top_p:g}): its ratio is against vLLM's log-probs, which "
+                "top-p renormalises over the nucleus while the actor's are of the whole distribution"
+            )
     if objective.sequence_level and advantage.is_correction_level == "token" and advantage.is_correction_mode == "mask":
         parser.error(
             f"--loss {loss} takes --algo.advantage.is_correction_mode clip or --algo.advantage.is_correction_level "
@@ -117,14 +144,15 @@ def resolved_objective_config(args) -> dict:
     values it reads, and the aggregation it uses."""
     objective = get_objective(args.actor.policy_loss_type)
     options = objective_loss_kwargs(args)
-    config = {
-        "name": objective.name,
-        "verl_name": objective.verl_name,
-        "source": objective.source,
-        "options": options,
-        "verl_keys": {option.name: option.verl_key for option in objective.options},
-        "clip_ratio_means": objective.clip_ratio_means,
-    }
+    keys = {option.name: option.verl_key for option in objective.options}
+    config = {"name": objective.name}
+    if objective.verl_name:
+        config.update(verl_name=objective.verl_name, source=objective.source, options=options, verl_keys=keys)
+    else:  # not in verl: the authors' code the options are named after
+        config.update(code=objective.code, source=objective.source, options=options, code_keys=keys)
+    config["clip_ratio_means"] = objective.clip_ratio_means
+    if objective.reads_rollout_log_probs(options):
+        config["ratio_against"] = "mu: the rollout engine's log-probs of the sampled tokens (vLLM's)"
     if objective.uses_clip_eps and not uses_band_bounds(args):
         eps = args.actor.eps_clip_low_high or (args.actor.eps_clip, args.actor.eps_clip)
         config["clip_eps_low_high"] = list(eps)

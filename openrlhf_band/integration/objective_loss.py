@@ -1,5 +1,5 @@
-"""`ObjectivePolicyLoss`: a registered objective (CISPO, SAPO, GMPO, Clip-Cov, KL-Cov, GPG) behind OpenRLHF
-0.11.2's `PolicyLoss` interface, and `make_policy_loss`, the module the patched actor builds for any
+"""`ObjectivePolicyLoss`: a registered objective (CISPO, SAPO, GMPO, Clip-Cov, KL-Cov, GPG, DRPO, IPO) behind
+OpenRLHF 0.11.2's `PolicyLoss` interface, and `make_policy_loss`, the module the patched actor builds for any
 `--actor.policy_loss_type`.
 
 Conventions against verl 0.9.1's functions (the tests hold each mapping):
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from openrlhf_band.integration.metrics import token_mean
 from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss, TokenLoss, openrlhf_arguments
-from openrlhf_band.objectives.registry import get_objective
+from openrlhf_band.objectives.registry import get_objective, sampler_is_refusal
 from openrlhf_band.ops.token_loss import broadcast_advantages
 
 #: why a sequence-level objective refuses the token-level mask mode of the IS correction
@@ -70,6 +70,9 @@ class ObjectivePolicyLoss(OpenRLHFPolicyLoss):
                 raise ValueError(f"{name} must be a number >= 0, got {eps!r}")
         if objective.sequence_level and is_correction_level == "token" and shared["is_correction_mode"] == "mask":
             raise ValueError(GMPO_MASK_REFUSAL)
+        self.reads_rollout_log_probs = objective.reads_rollout_log_probs(resolved)
+        if self.reads_rollout_log_probs and is_correction_level != "off":
+            raise ValueError(sampler_is_refusal(objective.name))
         self.objective = objective
         self.options = resolved
 
@@ -92,9 +95,26 @@ class ObjectivePolicyLoss(OpenRLHFPolicyLoss):
         new = torch.where(live, log_probs, zero)
         old = torch.where(live, old_log_probs.to(log_probs.dtype), zero)
         adv = torch.where(live, broadcast_advantages(advantages, log_probs.shape).to(log_probs.dtype), zero)
+        sampler = {}
+        if self.reads_rollout_log_probs:  # mu, the rollout engine's log-probs (DRPO, IPO)
+            if rollout_log_probs is None:
+                raise ValueError(
+                    f"{self.objective.name} needs the rollout engine's log-probs (rollout_log_probs): its ratio is "
+                    "against the sampler (train_ppo_ray asks vLLM for them with this loss)"
+                )
+            if rollout_log_probs.shape != log_probs.shape:
+                raise ValueError(f"rollout_log_probs shape {tuple(rollout_log_probs.shape)} != log_probs shape "
+                                 f"{tuple(log_probs.shape)}")  # fmt: skip
+            mu = torch.where(live, rollout_log_probs.detach().to(log_probs.dtype), zero)
+            if not bool(torch.isfinite(mu).all()):  # one host sync per micro-batch, as Clip-Cov's selection
+                raise ValueError(
+                    f"{self.objective.name}: the rollout engine's log-probs hold a non-finite value inside the action "
+                    "mask; the ratio against them is undefined there"
+                )
+            sampler["rollout_log_probs"] = mu
         out = self.objective.function(
             new, old, adv, live, clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high,
-            dual_clip=self.dual_clip, **self.options,
+            dual_clip=self.dual_clip, **self.options, **sampler,
         )  # fmt: skip
         return TokenLoss(out.loss, out.clipped, _token_shares(self.objective.name, out.metrics, live))
 

@@ -63,6 +63,10 @@ class BandPolicyLoss(OpenRLHFPolicyLoss):
     mean. `target_entropy` turns on the radius controller, which moves `delta` after each optimizer
     step from that step's mean entropy (`after_optimizer_step`); `band_state` / `load_band_state`
     carry it through checkpoints.
+
+    `anchor` says where the caller's `old_log_probs` come from, for the metrics only: "recomputed" (the
+    actor's own, OpenRLHF's way) or "rollout" (the sampler's, `--actor.band.anchor rollout`; the loss then
+    also logs band/anchor_rollout = 1). The loss computes the same either way.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class BandPolicyLoss(OpenRLHFPolicyLoss):
         delta_range: tuple[float, float] | None = None,
         target_entropy: float | None = None,
         controller_rate: float = DEFAULT_CONTROLLER_RATE,
+        anchor: str = "recomputed",
         **options,
     ) -> None:
         shared, band_options = openrlhf_arguments(openrlhf_args, options, policy_loss_type="band")
@@ -112,6 +117,8 @@ class BandPolicyLoss(OpenRLHFPolicyLoss):
                 raise ValueError(f"CISPO takes the band's {takers} bounds; {rule.label} is an objective of its own")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if anchor not in ("recomputed", "rollout"):
+            raise ValueError(f"anchor must be 'recomputed' or 'rollout', got {anchor!r}")
         shared["policy_loss_type"] = "cispo" if policy_loss_type == "cispo" else "band"
         super().__init__(**shared, takes_dual_clip=rule.takes_dual_clip,
                          why_no_dual_clip=f" with the {rule.name} rule ({rule.dual_clip_refusal})")  # fmt: skip
@@ -120,6 +127,7 @@ class BandPolicyLoss(OpenRLHFPolicyLoss):
         self._call_band = band  # the spec at the controller's current radius (`_band_at`)
         self.backend = backend
         self.bounds_fn = bounds_fn
+        self.anchor = anchor
         self.last_bounds: tuple[Tensor, Tensor] | None = None
 
     @property
@@ -207,6 +215,8 @@ class BandPolicyLoss(OpenRLHFPolicyLoss):
             truncated=truncated, rollout_log_probs=rollout_log_probs,
         )  # fmt: skip
         metrics.update(adaptive_metrics)
+        if self.anchor == "rollout":  # the centre is the sampler's: band/behaviour_* then read exactly 0
+            metrics["band/anchor_rollout"] = torch.ones((), dtype=torch.float32, device=log_probs.device)
         return TokenLoss(out.loss, clipped, metrics)
 
 

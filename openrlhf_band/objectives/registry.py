@@ -14,7 +14,9 @@ gradient):
     fn(log_probs, old_log_probs, advantages, mask, *, clip_eps_low, clip_eps_high, dual_clip, **options)
         -> ObjectiveLoss
 
-`log_probs` carries the gradient; `old_log_probs` and `advantages` do not; `mask` is bool.
+`log_probs` carries the gradient; `old_log_probs` and `advantages` do not; `mask` is bool. An objective
+whose `reads_rollout_log_probs(options)` is true also gets `rollout_log_probs=` (B, T): log mu, the
+rollout engine's log-probs of the sampled tokens (vLLM's), without gradient.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class ObjectiveOption:
 
     name: str
     default: float | str
-    verl_key: str
+    verl_key: str  # verl's config key, or the authors' where the objective is not verl's (Objective.code)
     help: str
     check: Callable[[float | str], str | None]
     choices: tuple[str, ...] | None = None
@@ -79,7 +81,8 @@ class Objective:
     name: `--actor.policy_loss_type NAME` (alias `--loss NAME`).
     function: the loss (the module docstring's contract).
     options: its own options, beyond OpenRLHF's.
-    verl_name: the verl 0.9.1 registry name of the same objective (`core_algos.py`).
+    verl_name: the verl 0.9.1 registry name of the same objective (`core_algos.py`), or None where verl has
+        none and `code` names the authors' code the options are named after.
     source: the paper.
     sequence_level: the loss is per sequence (aggregated over sequences whatever loss_agg_mode).
     uses_clip_eps: OpenRLHF's --actor.eps_clip / --actor.eps_clip_low_high (verl's clip_ratio_low /
@@ -88,12 +91,16 @@ class Objective:
     clip_ratio_means: what OpenRLHF's `ppo_clip_ratio` holds for this objective.
     metric_docs: metric name -> what it is, and verl's metric for it where there is one.
     check_together: a check of the options' values together (a one-line reason, or None).
+    code: whose code the options' keys (`ObjectiveOption.verl_key`) and defaults are taken from.
+    reads_rollout_log_probs: options -> whether the function reads the sampler's log-probs mu (then it
+        gets `rollout_log_probs=`, vLLM is asked for them, and the IS correction is refused: the
+        objective's ratio is already against mu).
     """
 
     name: str
     function: Callable[..., ObjectiveLoss]
     options: tuple[ObjectiveOption, ...]
-    verl_name: str
+    verl_name: str | None
     source: str
     sequence_level: bool
     uses_clip_eps: bool
@@ -101,6 +108,8 @@ class Objective:
     clip_ratio_means: str
     metric_docs: dict[str, str] = field(default_factory=dict)
     check_together: Callable[[dict], str | None] | None = None
+    code: str = "verl 0.9.1"
+    reads_rollout_log_probs: Callable[[dict], bool] = field(default=lambda options: False)
 
     def option(self, name: str) -> ObjectiveOption:
         for option in self.options:
@@ -149,6 +158,14 @@ def get_objective(name: str) -> Objective:
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}; registered: {', '.join(OBJECTIVES)}")
     return OBJECTIVES[name]
+
+
+def sampler_is_refusal(name: str) -> str:
+    """Why an objective whose ratio is against the sampler refuses OpenRLHF's train/rollout IS correction."""
+    return (
+        f"{name}'s ratio is pi / mu against the sampler's log-probs already: the train/rollout IS correction "
+        "(is_correction_level) would weigh its tokens by pi_old / mu a second time"
+    )
 
 
 # ------------------------------------------------------------------------------------------ checks

@@ -82,6 +82,8 @@ e2e_exports() {
   export E2E_CPU_SHIM=1 PYTHONPATH="$ROOT/studies/cpu_engine/cpu_shim${PYTHONPATH:+:$PYTHONPATH}"
   export E2E_SYNC_LOG="$OUT_DIR/sync.jsonl" E2E_LOSS_LOG="$OUT_DIR/loss.jsonl" E2E_FUSED_LOG="$OUT_DIR/fused.jsonl"
   export E2E_CLIP_BINS_LOG="$OUT_DIR/clip_bins.jsonl" E2E_BATCH_LOG="$OUT_DIR/batches.jsonl"
+  export E2E_FORWARD_LOG="$OUT_DIR/forwards.jsonl"
+  : > "$E2E_FORWARD_LOG"
   : > "$E2E_BATCH_LOG"
   : > "$E2E_CLIP_BINS_LOG"
   : > "$E2E_SYNC_LOG"

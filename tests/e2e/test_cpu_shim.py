@@ -26,6 +26,7 @@ def load_shim():
 # bf16 (`make ci-no-bf16`: inert unless E2E_EMULATE_NO_BF16=1, shown needed in docs/tests.md#timings)
 PROBES = {
     "sync_probe", "loss_calls_probe", "training_batches_probe", "fused_logprobs_probe", "clip_bins_probe",
+    "forward_dispatch_probe",
     "avx2_cpu_when_emulating",
 }  # fmt: skip
 PATCH_NAMES = sorted({name for patches in load_shim().PATCHES.values() for name, _ in patches} - PROBES)

@@ -730,18 +730,20 @@ def test_controller_runs_every_step_and_resumes_from_its_saved_radius(controller
 
 
 # --- the lower floor and DPPO ------------------------------------------------------------------------
-# The asynchronous trainer (PPOTrainerAsync) rides on two of these runs, with the per-token IS correction so
-# that the loss sees vLLM's log-probs: band-CISPO with the floor also with partial rollouts, DPPO without.
+# The asynchronous trainer (PPOTrainerAsync) rides on two of these runs: DPPO with the per-token IS correction, so
+# that the loss sees vLLM's log-probs beside the recomputed pi_old, and band-CISPO with the floor with partial
+# rollouts and the band centred on vLLM's log-probs (--actor.band.anchor rollout: no IS correction, no recompute).
 ASYNC_ARGS = ("--train.async_enable", "--algo.advantage.is_correction_level", "token", *NO_REFERENCE)
 
 
 @pytest.fixture(scope="session")
 def floor_run(e2e_root) -> Run:
     """The kl band with the lower floor as CISPO's bounds (the band driving another objective; the
-    floor's flag as the README spells it), trained asynchronously with partial rollouts."""
+    floor's flag as the README spells it), trained asynchronously with partial rollouts, the band centred on
+    the sampler's log-probs."""
     return trained(e2e_root / "floor", "--loss", "cispo", "--actor.cispo.bounds", "band",
-                   "--actor.band.lower_floor", "0.8", *ASYNC_ARGS, "--algo.advantage.is_correction_mode", "mask",
-                   "--train.partial_rollout_enable")  # fmt: skip
+                   "--actor.band.lower_floor", "0.8", "--train.async_enable", *NO_REFERENCE,
+                   "--train.partial_rollout_enable", "--actor.band.anchor", "rollout")  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -784,21 +786,30 @@ def test_dppo_tv_trains_through_the_real_engine(dppo_run):
 
 
 # --- asynchronous training: where the band is centred (training.md#asynchronous-training-where-the-band-is-centred)
-# The band's pi_old is the actor's own log-probs, recomputed when the experience is made; vLLM's log-probs
-# (mu, the sampler's) reach the loss with the IS correction, and band/behaviour_abs_log_ratio is their mean
+# By default the band's pi_old is the actor's own log-probs, recomputed when the experience is made; vLLM's
+# log-probs (mu, the sampler's) reach the loss with the IS correction, and band/behaviour_abs_log_ratio is their mean
 # distance. Synchronously (kl_run) vLLM samples with the weights the actor has: the distance is the engine's
-# arithmetic alone, at every step. Asynchronously vLLM samples the next batch while this one trains, so from
-# step 2 on the sampler is one rollout (4 optimizer steps at lr 1e-4) behind the centre.
+# arithmetic alone, at every step. Asynchronously (dppo_run) vLLM samples the next batch while this one trains, so
+# from step 2 on the sampler is one rollout (4 optimizer steps at lr 1e-4) behind the centre.
 # What separates the two is a floor on the distance: above the synchronous run's largest (the engine's
 # arithmetic, measured side by side in the same dtype) by LAG_FACTOR, and at least LAG_NATS. A lag of 4
 # optimizer steps moved the sampler 0.26-0.48 nats from the centre in the runs that set these (2026-12-05,
 # bf16, where the synchronous distance was 0.013-0.017; float32 runs, on CPUs without bf16, not measured).
+# With --actor.band.anchor rollout (floor_run, asynchronous with partial rollouts) pi_old is mu itself: the distance
+# is exactly 0 at every step, and the actor's recompute pass never runs (the shim counts its forward calls).
 LAG_NATS, LAG_FACTOR = 0.1, 5.0
 
 
-def test_async_training_keeps_the_band_on_the_actor_and_measures_the_samplers_lag(kl_run, dppo_run, floor_run):
+def actor_forwards(run: Run) -> list[int]:
+    """The shim's probe: the sequences of each forward pass of the actor the experience maker dispatched (the
+    recompute of pi_old)."""
+    records = [json.loads(line) for line in (run.out / "forwards.jsonl").read_text().splitlines()]
+    return [r["sequences"] for r in records if r["group"] == "actor"]
+
+
+def test_async_training_keeps_the_band_on_the_actor_and_measures_the_samplers_lag(kl_run, dppo_run):
     behaviour = {}
-    for name, run in {"sync": kl_run, "async": dppo_run, "partial": floor_run}.items():
+    for name, run in {"sync": kl_run, "async": dppo_run}.items():
         scalars = run.scalars()
         distance, outside = scalars["train/band/behaviour_abs_log_ratio"], scalars["train/band/behaviour_outside_frac"]
         assert sorted(distance) == sorted(outside) == list(range(1, STEPS + 1)), (name, distance)
@@ -807,23 +818,35 @@ def test_async_training_keeps_the_band_on_the_actor_and_measures_the_samplers_la
         # log-probs with the same pi_old the band is built on): never above our mean distance
         for step, kl in scalars["train/vllm_kl"].items():
             assert abs(kl) <= distance[step] * (1 + 1e-5) + 1e-7, (name, step, kl, distance[step])
+        assert "train/band/anchor_rollout" not in scalars
+        # the recompute pass: every sample of every step went through the actor's forward once
+        assert sum(actor_forwards(run)) == PROMPTS * SAMPLES, (name, actor_forwards(run))
         behaviour[name] = distance, outside
     assert "ppo_trainer_async" not in kl_run.log
-    for run in (dppo_run, floor_run):
-        assert "ppo_trainer_async.py" in run.log  # PPOTrainerAsync trained them
-    # partial rollouts: vLLM paused for every weight sync (one a step) instead of waiting for the batch
-    assert floor_run.log.count("setting pause state to PAUSED_ALL") == STEPS
-    assert "setting pause state" not in dppo_run.log
+    assert "ppo_trainer_async.py" in dppo_run.log  # PPOTrainerAsync trained it
     sync_distance, sync_outside = behaviour["sync"]
     floor = max(LAG_NATS, LAG_FACTOR * max(sync_distance.values()))  # every synchronous step, after every sync
-    for name in ("async", "partial"):
-        distance, outside = behaviour[name]
-        print(f"\n{name}: |log mu - log pi_old| by step {distance}, sampled outside the band {outside}; "
-              f"synchronous {sync_distance}, {sync_outside}")  # fmt: skip
-        assert distance[1] < floor, (name, distance)  # the first batch: sampled with the weights the actor has
-        for step in range(2, STEPS + 1):  # sampled one rollout behind the weights the band is centred on
-            assert distance[step] > floor, (name, step, distance, floor)
-            assert outside[step] > max(outside[1], *sync_outside.values()), (name, step, outside, sync_outside)
+    distance, outside = behaviour["async"]
+    print(f"\nasync: |log mu - log pi_old| by step {distance}, sampled outside the band {outside}; "
+          f"synchronous {sync_distance}, {sync_outside}")  # fmt: skip
+    assert distance[1] < floor, distance  # the first batch: sampled with the weights the actor has
+    for step in range(2, STEPS + 1):  # sampled one rollout behind the weights the band is centred on
+        assert distance[step] > floor, (step, distance, floor)
+        assert outside[step] > max(outside[1], *sync_outside.values()), (step, outside, sync_outside)
+
+
+def test_the_rollout_anchor_centres_the_band_on_the_sampler_without_the_recompute_pass(floor_run, dppo_run):
+    assert "anchor='rollout'" in resolved_band(floor_run)
+    assert "ppo_trainer_async.py" in floor_run.log  # PPOTrainerAsync, with partial rollouts:
+    assert floor_run.log.count("setting pause state to PAUSED_ALL") == STEPS  # vLLM paused for every weight sync
+    assert "setting pause state" not in dppo_run.log
+    # the actor's recompute pass never ran (the same probe records it in the asynchronous DPPO run: one per sample)
+    assert actor_forwards(floor_run) == [] and sum(actor_forwards(dppo_run)) == PROMPTS * SAMPLES
+    scalars = floor_run.scalars()
+    for tag in ("train/band/behaviour_abs_log_ratio", "train/band/behaviour_outside_frac"):
+        assert scalars[tag] == {step: 0.0 for step in range(1, STEPS + 1)}, (tag, scalars[tag])  # pi_old is mu
+    assert scalars["train/band/anchor_rollout"] == {step: 1.0 for step in range(1, STEPS + 1)}
+    assert "train/vllm_kl" not in scalars or all(v == 0.0 for v in scalars["train/vllm_kl"].values())
 
 
 # --- the field's objectives (openrlhf_band/objectives) ----------------------------------------------------
@@ -841,6 +864,10 @@ OBJECTIVE_RUNS = {
     "kl_cov": ("--actor.kl_cov.kl_cov_ratio", "0.1", "--actor.kl_cov.ppo_kl_coef", "1",
                "--actor.loss_agg_mode", "seq-mean-token-sum-norm"),  # verl's modes (issue 60): one run each
     "gpg": ("--actor.loss_agg_mode", "seq-mean-token-sum"),
+    # the ratio against vLLM's log-probs (train_ppo_ray asks for them with these losses, no IS correction); DRPO
+    # with a tight eps so that its boundary is crossed, IPO at prime-rl's defaults
+    "drpo": ("--actor.drpo.epsilon", "0.02"),
+    "ipo": (),
 }  # fmt: skip
 # what OpenRLHF's ppo_clip_ratio holds for each objective (the entry's clip_ratio_means), as metrics
 CLIP_RATIO_IS = {
@@ -849,6 +876,8 @@ CLIP_RATIO_IS = {
     "clip_cov": ("clip_cov/clip_frac",),
     "kl_cov": ("kl_cov/selected_frac",),
     "gpg": (),  # GPG clips nothing
+    "drpo": ("drpo/beyond_upper", "drpo/beyond_lower"),
+    "ipo": ("ipo/masked_frac",),
 }
 
 
@@ -873,7 +902,7 @@ def test_objectives_train_through_the_real_engine(objective_runs, unsynced_run):
         assert not any(tag.startswith("train/band/") for tag in scalars), name
         for tag, series in ours.items():
             assert sorted(series) == steps and all(math.isfinite(v) for v in series.values()), (tag, series)
-            if not tag.endswith(("gate_weight_mean", "abs_kl")):
+            if not tag.endswith(("gate_weight_mean", "abs_kl", "penalty_mean", "mismatch_kl")):
                 assert all(0.0 <= v <= 1.0 for v in series.values()), (tag, series)
         for step, ratio in scalars["train/ppo_clip_ratio"].items():
             assert ratio == pytest.approx(sum(ours[m][step] for m in CLIP_RATIO_IS[name]), rel=1e-5, abs=1e-7)
@@ -884,6 +913,11 @@ def test_objectives_train_through_the_real_engine(objective_runs, unsynced_run):
     assert "train/vllm_kl" in objective_runs["gmpo"].scalars()  # the IS correction ran (GMPO: per sequence)
     assert "loss_agg_mode='seq-mean-token-sum-norm'" in objective_runs["kl_cov"].log
     assert "loss_agg_mode='seq-mean-token-sum'" in objective_runs["gpg"].log
+    # DRPO and IPO read vLLM's log-probs (their loss raises without them): r = pi / mu moved off 1 in the update
+    for name in ("drpo", "ipo"):
+        assert "is_correction_level='off'" in objective_runs[name].log
+    assert objective_runs["drpo"].scalars()["train/drpo/penalty_mean"][1] > 0.0
+    assert objective_runs["ipo"].scalars()["train/ipo/mismatch_kl"][1] > 0.0
     assert run_processes("E2E_RUN_ID=e2e-") == []
 
 

@@ -87,14 +87,15 @@ def test_each_loss_aggregates_as_verls_agg_loss(verl, name, mode, dtype, counts)
     new, old, adv, mask = batch(dtype)
     loss_fn = module(name, mode)
     info = counts_for(mask, counts)
+    rollout = old + 0.05  # the sampler's log-probs, which DRPO and IPO read (the rest ignore them)
     log_probs = new.clone().requires_grad_(True)
     torch.manual_seed(0)  # Clip-Cov's random choice: the same draw on both sides
-    ours = loss_fn(log_probs, old, adv, mask, **info)[0]
+    ours = loss_fn(log_probs, old, adv, mask, rollout_log_probs=rollout, **info)[0]
     (grad,) = torch.autograd.grad(ours, log_probs)
 
     same = new.clone().requires_grad_(True)
     torch.manual_seed(0)
-    per_token = loss_fn.token_loss(same, old, adv, mask, None).loss
+    per_token = loss_fn.token_loss(same, old, adv, mask, rollout).loss
     per_token = torch.where(mask != 0, per_token, torch.zeros((), dtype=per_token.dtype))
     norm = {"loss_scale_factor": HORIZON} if mode.endswith("-norm") else {}
     theirs = verl.agg_loss(per_token, mask, mode, **info, **norm)

@@ -139,7 +139,8 @@ def test_the_training_pages_metrics_table_lists_exactly_the_emitted_keys():
     documented = {key for line in table for key in re.findall(r"`(band/[^`]+)`", line.split(" | ")[0])}
     log_probs, old, rollout, adv, mask = make_batch(seed=3)
     loss_fn = BandPolicyLoss(  # every key it can emit
-        backend="torch", adaptive="entropy", target_entropy=1.0, lower_floor=0.8, ratio_truncation=3.0
+        backend="torch", adaptive="entropy", target_entropy=1.0, lower_floor=0.8, ratio_truncation=3.0,
+        anchor="rollout",
     )
     loss_fn(log_probs, old, adv, action_mask=mask, entropy=torch.rand_like(old), rollout_log_probs=rollout)
     assert documented == set(loss_fn.band_metrics)

@@ -29,6 +29,9 @@ VERL_DEFAULTS = {
     "clip_cov": {"clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
     "kl_cov": {"kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1},
     "gpg": {},
+    # not verl's: their authors' defaults (UniRL's DRPOConfig, prime-rl's IPOLossConfig; objectives/sampler.py)
+    "drpo": {"epsilon": 12.5, "old_logp_source": "rollout"},
+    "ipo": {"ipo_threshold": 0.1, "adv_tau": 1.0, "kl_tau": 0.001},
 }
 
 

@@ -32,7 +32,7 @@ def test_short_and_dotted_spellings_resolve_identically():
     assert short == dotted
     assert short["band"] == {
         "rule": "trust_region", "divergence": "chi2", "delta": 0.1, "upper_cap": 10.0, "relax": None, "backend": "auto",
-        "lower_floor": None, "adaptive": None, "controller": None,
+        "lower_floor": None, "adaptive": None, "controller": None, "anchor": "recomputed",
     }  # fmt: skip
 
 
@@ -73,7 +73,7 @@ def test_dcpo_eps_default_to_dcpos_published_values_and_the_json_says_so():
     cfg = config("--loss", "band", "--actor.band.rule", "dcpo", "--actor.band.upper_cap", "5")
     assert cfg["band"] == {
         "rule": "dcpo", "dcpo_eps": [0.16, 0.2], "dcpo_eps_source": "DCPO's published values",
-        "upper_cap": 5.0, "lower_floor": None, "backend": "auto",
+        "upper_cap": 5.0, "lower_floor": None, "backend": "auto", "anchor": "recomputed",
     }  # fmt: skip
     assert "eps_clip_low_high" not in cfg  # the band does not use the clip eps: not shown as if in effect
     cfg = config("--loss", "band", "--actor.band.rule", "dcpo", "--actor.eps_clip_low_high", "0.1", "0.3")
@@ -191,6 +191,39 @@ def test_lower_floor_resolves_for_the_band_and_dcpo_and_reaches_the_loss():
     assert band.lower_floor == 0.6 and band.rule == "dcpo"
 
 
+@pytest.mark.parametrize("rule", ["trust_region", "dcpo", "dppo"])
+def test_the_rollout_anchor_resolves_for_every_rule_and_reaches_the_loss(rule):
+    flags = ["--loss", "band", "--actor.band.rule", rule, "--actor.band.anchor", "rollout"]
+    cfg = config(*flags, "--train.async_enable", "--train.partial_rollout_enable")
+    assert cfg["band"]["anchor"] == "rollout" and cfg["rollout"]["old_log_probs"] == "rollout"
+    assert cfg["rollout"]["partial_rollout"] is True and cfg["rollout"]["is_correction_level"] == "off"
+    assert band_loss_kwargs(validate_train_args([*BASE, *flags]))["anchor"] == "rollout"
+    default = validate_train_args([*BASE, "--loss", "band", "--actor.band.rule", rule])
+    assert band_loss_kwargs(default)["anchor"] == "recomputed"
+    assert resolved_loss_config(default)["rollout"]["old_log_probs"] == "recomputed"
+    # CISPO with the band's bounds is the band driving another objective: the anchor applies to it too
+    cispo = config("--loss", "cispo", "--actor.cispo.bounds", "band", "--actor.band.anchor", "rollout")
+    assert cispo["band"]["anchor"] == "rollout" and cispo["rollout"]["old_log_probs"] == "rollout"
+
+
+def test_what_asks_vllm_for_its_log_probs():
+    """vLLM returns each sampled token's log-prob for OpenRLHF's IS correction and for the rollout anchor, and
+    only then (the engine's logprobs_mode and each request's logprobs=1 read the same hook)."""
+    from openrlhf_band.integration.hooks import anchored_on_rollout, requests_rollout_log_probs, rollout_logprobs_mode
+
+    cases = {
+        (): (False, False),
+        ("--loss", "band"): (False, False),
+        ("--loss", "band", "--actor.band.anchor", "rollout"): (True, True),
+        ("--loss", "band", "--algo.advantage.is_correction_level", "token"): (False, True),
+        ("--algo.advantage.is_correction_level", "seq"): (False, True),
+    }
+    for flags, (anchored, requested) in cases.items():
+        args = validate_train_args([*BASE, *flags])
+        assert anchored_on_rollout(args) is anchored and requests_rollout_log_probs(args) is requested, flags
+        assert rollout_logprobs_mode(args) == ("processed_logprobs" if requested else None), flags
+
+
 def test_dppo_resolves_to_the_band_with_its_radii_no_cap_and_the_truncation():
     cfg = config("--loss", "band", "--actor.band.rule", "dppo", "--band_divergence", "tv", "--band_delta", "0.15")
     assert cfg["band"]["rule"] == "dppo" and cfg["band"]["divergence"] == "tv"
@@ -232,6 +265,13 @@ def test_dppo_resolves_to_the_band_with_its_radii_no_cap_and_the_truncation():
          "dppo_truncation must be > 0"),
         (["--loss", "band", "--actor.band.dppo_truncation", "3"], "--actor.band.dppo_truncation is DPPO's"),
         (["--loss", "band", "--actor.band.delta_low_high", "0.1", "0.2"], "--actor.band.delta_low_high is DPPO's"),
+        (["--actor.band.anchor", "rollout"], "--actor.band.anchor needs the band loss"),
+        (["--loss", "sapo", "--actor.band.anchor", "rollout"], "--actor.band.anchor needs the band loss"),
+        (["--loss", "band", "--actor.band.anchor", "sampler"], "invalid choice: 'sampler'"),
+        (["--loss", "band", "--actor.band.anchor", "rollout", "--algo.advantage.is_correction_level", "token"],
+         "--algo.advantage.is_correction_level token does not apply to --actor.band.anchor rollout"),
+        (["--loss", "band", "--actor.band.anchor", "rollout", "--rollout.top_p", "0.95"],
+         "--actor.band.anchor rollout needs --rollout.top_p 1 (got 0.95)"),
     ],
 )  # fmt: skip
 def test_bad_floor_and_dppo_flags_fail_at_parse_time(extra, message, capsys):

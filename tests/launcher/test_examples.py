@@ -21,7 +21,7 @@ CHECK_ARGS_AT_4F63A9A = json.loads(
 )
 # DPPO's whole resolved block: no delta, relax, floor or adaptive keys
 DPPO_KEYS = {"rule", "divergence", "delta_low_high", "dppo_truncation", "mask", "gradient_weight", "upper_cap",
-             "backend"}  # fmt: skip
+             "backend", "anchor"}  # fmt: skip
 # script: (policy loss, dual_clip, the band fields checked; band None: OpenRLHF's own PPO clip, no band)
 EXPECTED = {
     "bandpo_kl.sh": ("band", 10.0, {"rule": "trust_region", "divergence": "kl", "delta": 0.05, "upper_cap": 10.0,
@@ -53,6 +53,10 @@ EXPECTED = {
     "clip_cov.sh": ("clip_cov", None, None),
     "kl_cov.sh": ("kl_cov", None, None),
     "gspo.sh": ("gspo", None, None),
+    # issue 60's baselines, after 4f63a9a (not in that fixture): GPG (verl 0.9.1), DRPO (UniRL), IPO (prime-rl)
+    "gpg.sh": ("gpg", None, None),
+    "drpo.sh": ("drpo", None, None),
+    "ipo.sh": ("ipo", None, None),
 }  # fmt: skip
 # the objective's resolved options and clip values (check-args' "objective" block)
 OBJECTIVE = {
@@ -62,9 +66,25 @@ OBJECTIVE = {
     "gmpo.sh": ({}, [0.4, 0.4]),
     "clip_cov.sh": ({"clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}, [1.0, 1.0]),
     "kl_cov.sh": ({"kl_cov_ratio": 0.002, "ppo_kl_coef": 1.0}, None),
+    "gpg.sh": ({}, None),
+    "drpo.sh": ({"epsilon": 12.5, "old_logp_source": "rollout"}, None),
+    "ipo.sh": ({"ipo_threshold": 0.1, "adv_tau": 1.0, "kl_tau": 0.001}, None),
 }
-# the scripts whose authors aggregate by token mean (the rest keep the recipe's seq-mean-token-mean)
-TOKEN_MEAN = {"cispo.sh", "bandpo_kl_cispo.sh", "clip_cov.sh", "kl_cov.sh"}
+# the scripts whose authors aggregate by token mean (the rest keep the recipe's seq-mean-token-mean but DRPO's)
+TOKEN_MEAN = {"cispo.sh", "bandpo_kl_cispo.sh", "clip_cov.sh", "kl_cov.sh", "gpg.sh", "ipo.sh"}
+AGGREGATION = {"drpo.sh": "seq-mean-token-sum-norm"}  # UniRL's recipe, over --rollout.max_new_tokens
+ESTIMATOR = {"drpo.sh": "dr_grpo"}  # UniRL's recipe: group-mean advantages without the std
+
+
+def without_the_anchor(config: dict) -> dict:
+    """The resolved configuration less what the rollout anchor (issue 60) added after 4f63a9a, checked here to hold
+    its default: rollout.old_log_probs and band.anchor, both "recomputed" (pi_old recomputed by the actor, as
+    before the flag existed)."""
+    config = json.loads(json.dumps(config))
+    assert config["rollout"].pop("old_log_probs") == "recomputed"
+    if "band" in config:
+        assert config["band"].pop("anchor") == "recomputed"
+    return config
 
 
 def dry_run(script: str, tmp_path: Path, **extra_env: str) -> dict:
@@ -91,13 +111,16 @@ def test_every_script_is_covered():
 def test_dry_run_validates_with_the_patched_parser(script, tmp_path):
     config = dry_run(script, tmp_path)
     # the whole resolved configuration is the one every script gave before the tasks moved into folders (4f63a9a)
-    assert json.loads(json.dumps(config).replace(str(tmp_path), "<DATA_DIR>")) == CHECK_ARGS_AT_4F63A9A[script]
+    if script in CHECK_ARGS_AT_4F63A9A:
+        at_4f63a9a = CHECK_ARGS_AT_4F63A9A[script]
+        assert json.loads(json.dumps(without_the_anchor(config)).replace(str(tmp_path), "<DATA_DIR>")) == at_4f63a9a
     loss, dual_clip, band = EXPECTED[script]
     assert config["policy_loss_type"] == loss
     # the paper's shared settings
-    assert config["advantage_estimator"] == "group_norm"
+    assert config["advantage_estimator"] == ESTIMATOR.get(script, "group_norm")
     assert config["fused_logprobs"] is True  # --ds.fused_logprobs, from common.sh
-    assert config["loss_agg_mode"] == ("token-mean" if script in TOKEN_MEAN else "seq-mean-token-mean")
+    assert config["loss_agg_mode"] == AGGREGATION.get(script, "token-mean" if script in TOKEN_MEAN else
+                                                      "seq-mean-token-mean")  # fmt: skip
     assert config["kl_loss"] == {"use_loss": True, "estimator": "k3", "init_coef": 0.001}
     assert config["entropy_coef"] == 0.0
     assert config["dual_clip"] == dual_clip
@@ -211,12 +234,47 @@ def test_async_splits_the_gpus_turns_sleep_off_and_the_is_correction_on(tmp_path
 
 def test_async_reaches_check_args_resolved_configuration(tmp_path):
     assert dry_run("bandpo_kl.sh", tmp_path / "sync")["rollout"] == {
-        "async": False, "async_queue_size": None, "partial_rollout": False, "is_correction_level": "off",
+        "old_log_probs": "recomputed", "async": False, "async_queue_size": None, "partial_rollout": False,
+        "is_correction_level": "off",
     }  # fmt: skip
     assert dry_run("bandpo_kl.sh", tmp_path / "async", ASYNC="1", PARTIAL_ROLLOUT="1")["rollout"] == {
-        "async": True, "async_queue_size": 1, "partial_rollout": True, "is_correction_level": "token",
-        "is_correction_mode": "mask",
+        "old_log_probs": "recomputed", "async": True, "async_queue_size": 1, "partial_rollout": True,
+        "is_correction_level": "token", "is_correction_mode": "mask",
     }  # fmt: skip
+
+
+def test_the_fixture_covers_every_script_but_issue_60s():
+    assert set(EXPECTED) - set(CHECK_ARGS_AT_4F63A9A) == {"gpg.sh", "drpo.sh", "ipo.sh"}
+
+
+@pytest.mark.parametrize("script", ["drpo.sh", "ipo.sh"])
+def test_the_sampler_ratio_scripts_run_async_without_the_is_correction(tmp_path, script):
+    config = dry_run(script, tmp_path, ASYNC="1", PARTIAL_ROLLOUT="1")
+    assert config["rollout"]["async"] is True and config["rollout"]["is_correction_level"] == "off"
+    assert config["objective"]["ratio_against"].startswith("mu: the rollout engine's log-probs")
+
+
+def test_band_anchor_rollout_centres_the_band_on_vllm_in_place_of_the_is_correction(tmp_path):
+    config = dry_run("bandpo_kl.sh", tmp_path / "anchor", ASYNC="1", PARTIAL_ROLLOUT="1", BAND_ANCHOR="rollout")
+    assert config["band"]["anchor"] == "rollout"
+    assert config["rollout"] == {
+        "old_log_probs": "rollout", "async": True, "async_queue_size": 1, "partial_rollout": True,
+        "is_correction_level": "off",
+    }  # fmt: skip
+    assert dry_run("dppo_tv.sh", tmp_path / "sync", BAND_ANCHOR="rollout")["rollout"]["old_log_probs"] == "rollout"
+
+
+@pytest.mark.parametrize(
+    "script, env, message",
+    [("grpo_clip.sh", {"BAND_ANCHOR": "rollout"}, "--actor.band.anchor needs the band loss"),
+     ("bandpo_kl.sh", {"BAND_ANCHOR": "sampler"}, "BAND_ANCHOR must be recomputed or rollout"),
+     ("bandpo_kl.sh", {"BAND_ANCHOR": "rollout", "EXTRA_ARGS": "--rollout.top_p 0.9"},
+      "--actor.band.anchor rollout needs --rollout.top_p 1")],
+)  # fmt: skip
+def test_band_anchor_that_cannot_run_stops_with_a_reason(tmp_path, script, env, message):
+    env = {**BASE_ENV, "DRY_RUN": "1", "DATA_DIR": str(tmp_path), "MODEL": "/models/some-model", **env}
+    done = subprocess.run(["bash", str(SCRIPTS / script)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ files=(
   openrlhf/cli/train_ppo_ray.py
   openrlhf/trainer/ray/ppo_actor.py
   openrlhf/models/actor.py
+  openrlhf/trainer/ppo_utils/experience_maker.py
   openrlhf/trainer/ray/launcher.py
 )
 action="${1:?usage: regenerate.sh extract|diff WORKDIR}"

@@ -236,6 +236,28 @@ def _record_training_batches(module) -> None:
     module.ActorPPOTrainer.training_step = training_step
 
 
+def _record_forward_dispatches(module) -> None:
+    """Probe, not a patch: each forward pass the experience maker dispatches (`RemoteExperienceMaker._dispatch_forward`:
+    the actor's recompute of pi_old, which `--actor.band.anchor rollout` skips, the critic's, the reference's, the
+    reward model's) appends the model group and its number of sequences to $E2E_FORWARD_LOG. (The experience maker
+    runs in the driver, or in the asynchronous trainer's actor: a plain class in both, where Ray's remote actor
+    classes cannot be patched from outside.)"""
+    original = module.RemoteExperienceMaker._dispatch_forward
+
+    def _dispatch_forward(self, group, sync_condition, **kwargs):
+        path = os.environ.get("E2E_FORWARD_LOG")
+        if path:
+            names = {"actor": self.actor_model_group, "critic": self.critic_model_group,
+                     "reference": self.initial_model_group, "reward": self.reward_model_group}  # fmt: skip
+            name = next((n for n, g in names.items() if g is not None and g is group), "unknown")
+            sequences = sum(int(s.shape[0]) for s in kwargs.get("sequences", []))
+            with open(path, "a") as f:
+                f.write(json.dumps({"group": name, "sequences": sequences}) + "\n")
+        return original(self, group, sync_condition, **kwargs)
+
+    module.RemoteExperienceMaker._dispatch_forward = _dispatch_forward
+
+
 def _compare_fused_logprobs(module) -> None:
     """Probe, not a patch: with --ds.fused_logprobs, the first training batch of each actor process is
     also run through OpenRLHF's own forward (the fused head switched off), no gradient, and the largest
@@ -373,6 +395,7 @@ PATCHES = {
         ("fused_logprobs_probe", _compare_fused_logprobs),
         ("training_batches_probe", _record_training_batches),
     ],
+    "openrlhf.trainer.ppo_utils.experience_maker": [("forward_dispatch_probe", _record_forward_dispatches)],
     "openrlhf.trainer.ray.launcher": [("cuda_on_cpu", _cuda_on_cpu)],
     "openrlhf.trainer.ray.ppo_critic": [("cuda_on_cpu", _cuda_on_cpu)],  # PPO with a critic (gae)
     "openrlhf.trainer.ppo_utils.replay_buffer": [("cuda_on_cpu", _cuda_on_cpu)],
