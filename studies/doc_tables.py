@@ -156,6 +156,8 @@ def entropy_row() -> str:
             return f"{o['mean']:+.3f}{unit} (one block, no interval): not resolved"
         lo, hi = o["ci95"]
         word = "held" if lo > 0 else "the opposite" if hi < 0 else "not resolved"
+        if o["n"] < es.MIN_BLOCKS:  # the protocol draws no conclusion before its minimum number of blocks
+            word = f"interim ({o['n']} of the protocol's minimum {es.MIN_BLOCKS} blocks): no verdict yet"
         return f"{pm(o['mean'], o['sd'])}{unit} [{lo:+.3f}, {hi:+.3f}]: {word}"
 
     rule = es.stopping_rule(result)
