@@ -22,16 +22,19 @@ from openrlhf_band.band.rules import DPPO_DEFAULT_TRUNCATION, OWNED, RULES, flag
 from openrlhf_band.band.spec import BandSpec
 from openrlhf_band.functional import BACKENDS
 from openrlhf_band.integration.fused_head import fused_logprobs_config
+from openrlhf_band.integration.hooks import anchored_on_rollout
 from openrlhf_band.integration.loss_registry import args_entry
 from openrlhf_band.integration.objective_flags import (
     add_objective_arguments,
     band_drives_loss,
     resolved_objective_config,
+    sampler_ratio_problem,
     uses_band_bounds,
     validate_objective_arguments,
 )
 from openrlhf_band.integration.openrlhf_loss import OPENRLHF_AGG_MODES
 from openrlhf_band.integration.parser_errors import OneLineErrors
+from openrlhf_band.integration.policy_loss import ANCHORS
 
 # The authors' runs: kl, delta 0.05, upper cap 10, relax off (an ablation the paper reports as harmful).
 BAND_DEFAULTS = {
@@ -51,12 +54,9 @@ BAND_DEFAULTS = {
     # DPPO's (--actor.band.rule dppo): asymmetric radii (else --band_delta for both) and its ratio truncation c
     "delta_low_high": None,
     "dppo_truncation": None,
-    # where pi_old, the band's centre, comes from (ANCHORS): recomputed by the actor, or the sampler's
+    # where pi_old, the band's centre, comes from (policy_loss.ANCHORS): recomputed by the actor, or the sampler's
     "anchor": "recomputed",
 }
-#: --actor.band.anchor's choices: pi_old recomputed by the actor when the experience is made (OpenRLHF's way), or
-#: the log-probs the rollout engine returned for the tokens it sampled (verl's bypass mode; integration/hooks.py)
-ANCHORS = ("recomputed", "rollout")
 #: --actor.band.rule's choices: openrlhf_band.band.rules.RULES, where each rule declares what it takes
 BAND_RULES = tuple(RULES)
 
@@ -233,7 +233,10 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
     if band.upper_cap == math.inf:
         band.upper_cap = None
     if band.anchor == "rollout":
-        problem = _rollout_anchor_problem(args)
+        problem = sampler_ratio_problem(
+            args, "--actor.band.anchor rollout", "its weight pi_old / mu is exactly 1 when pi_old is the sampler's mu",
+            instead="; use --actor.band.anchor recomputed",
+        )  # fmt: skip
         if problem is not None:
             parser.error(problem)
     band.dcpo_eps = None
@@ -264,26 +267,6 @@ def validate_band_arguments(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"--actor.dual_clip must be > 1, got {args.actor.dual_clip}")
     if (band.adaptive == "entropy" or band.target_entropy is not None) and args.actor.entropy_coef is None:
         args.actor.entropy_coef = 0.0  # the adaptive radius reads the entropy OpenRLHF computes for its log
-
-
-def _rollout_anchor_problem(args) -> str | None:
-    """Why `--actor.band.anchor rollout` cannot run with these flags, or None."""
-    # (train_ppo_ray's namespace; the named methods' parser has neither flag)
-    level = getattr(getattr(getattr(args, "algo", None), "advantage", None), "is_correction_level", "off")
-    top_p = getattr(getattr(args, "rollout", None), "top_p", 1.0)
-    if level != "off":
-        return (
-            f"--algo.advantage.is_correction_level {level} does not apply to "
-            "--actor.band.anchor rollout: its weight pi_old / mu is exactly 1 when pi_old is the sampler's mu; drop "
-            "it, or keep it with --actor.band.anchor recomputed"
-        )
-    if top_p < 1.0:
-        return (
-            f"--actor.band.anchor rollout needs --rollout.top_p 1 (got {top_p:g}): vLLM's log-probs are then "
-            "renormalised over the nucleus while the actor's are of the whole distribution, so the ratio would not "
-            "start at 1; use --actor.band.anchor recomputed with top-p sampling"
-        )
-    return None
 
 
 def add_loss_arguments(parser: argparse.ArgumentParser) -> None:
@@ -332,7 +315,7 @@ def rollout_config(args) -> dict:
     (docs/training.md#asynchronous-training-where-the-band-is-centred)."""
     train, advantage = args.train, args.algo.advantage
     config = {
-        "old_log_probs": "rollout" if band_drives_loss(args) and args.actor.band.anchor == "rollout" else "recomputed",
+        "old_log_probs": "rollout" if anchored_on_rollout(args) else "recomputed",
         "async": train.async_enable,
         "async_queue_size": train.async_queue_size if train.async_enable else None,
         "partial_rollout": train.partial_rollout_enable,

@@ -65,6 +65,23 @@ def objective_reads_rollout_log_probs(args) -> bool:
     return objective.reads_rollout_log_probs(objective.resolve_options(objective_loss_kwargs(args)))
 
 
+def sampler_ratio_problem(args, who: str, why_no_is: str, instead: str = "") -> str | None:
+    """Why a loss whose ratio is against vLLM's log-probs (`who`: the rollout anchor, DRPO, IPO) cannot run with
+    these flags, or None: the train/rollout IS correction (`why_no_is`), or top-p sampling, after which vLLM's
+    log-probs are of the nucleus and not of the distribution the actor's are of. `instead`: what to use then."""
+    # (train_ppo_ray's namespace; the named methods' parser has neither flag)
+    level = getattr(getattr(getattr(args, "algo", None), "advantage", None), "is_correction_level", "off")
+    top_p = getattr(getattr(args, "rollout", None), "top_p", 1.0)
+    if level != "off":
+        return f"--algo.advantage.is_correction_level {level} does not apply to {who} ({why_no_is}){instead}"
+    if top_p < 1.0:
+        return (
+            f"{who} needs --rollout.top_p 1 (got {top_p:g}): vLLM's log-probs are then renormalised over the nucleus "
+            f"while the actor's are of the whole distribution, so the ratio would not start at 1{instead}"
+        )
+    return None
+
+
 def uses_band_bounds(args) -> bool:
     """CISPO with the band's bounds: the band's flags apply to it."""
     return args_entry(args).key == "band-cispo"
@@ -94,7 +111,7 @@ def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
         return
     objective = get_objective(loss)
     try:
-        objective.resolve_options(objective_loss_kwargs(args))
+        options = objective.resolve_options(objective_loss_kwargs(args))
     except ValueError as err:
         parser.error(f"--loss {loss}: {err}")
     if args.actor.dual_clip is not None and (not objective.takes_dual_clip or uses_band_bounds(args)):
@@ -116,16 +133,10 @@ def validate_objective_arguments(parser: argparse.ArgumentParser, args) -> None:
     elif args.actor.eps_clip != OPENRLHF_EPS_CLIP and not reads_eps:
         parser.error(f"--actor.eps_clip does not apply to --loss {loss} (it has no clip interval of its own)")
     advantage = args.algo.advantage
-    if objective_reads_rollout_log_probs(args):
-        if advantage.is_correction_level != "off":
-            parser.error(f"--algo.advantage.is_correction_level {advantage.is_correction_level} does not apply to "
-                         f"--loss {loss} ({sampler_is_refusal(loss)})")  # fmt: skip
-        top_p = getattr(getattr(args, "rollout", None), "top_p", 1.0)
-        if top_p < 1.0:
-            parser.error(
-                f"--loss {loss} needs --rollout.top_p 1 (got {top_p:g}): its ratio is against vLLM's log-probs, which "
-                "top-p renormalises over the nucleus while the actor's are of the whole distribution"
-            )
+    if objective.reads_rollout_log_probs(options) and not uses_band_bounds(args):
+        problem = sampler_ratio_problem(args, f"--loss {loss}", sampler_is_refusal(loss))
+        if problem is not None:
+            parser.error(problem)
     if objective.sequence_level and advantage.is_correction_level == "token" and advantage.is_correction_mode == "mask":
         parser.error(
             f"--loss {loss} takes --algo.advantage.is_correction_mode clip or --algo.advantage.is_correction_level "

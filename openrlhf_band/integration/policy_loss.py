@@ -22,6 +22,11 @@ from openrlhf_band.integration.metrics import band_metrics
 from openrlhf_band.integration.openrlhf_loss import OpenRLHFPolicyLoss, TokenLoss, openrlhf_arguments
 from openrlhf_band.objectives.band_cispo import band_cispo_token_loss
 
+#: where the caller's old log-probs (pi_old, the band's centre) come from: recomputed by the actor when the experience
+#: is made (OpenRLHF's way), or the log-probs the rollout engine returned for the sampled tokens (verl's bypass mode;
+#: --actor.band.anchor, integration/hooks.py)
+ANCHORS = ("recomputed", "rollout")
+
 
 class BandPolicyLoss(OpenRLHFPolicyLoss):
     """Drop-in for OpenRLHF 0.11.2's `PolicyLoss` with the Band in place of the fixed clip.
@@ -117,8 +122,8 @@ class BandPolicyLoss(OpenRLHFPolicyLoss):
                 raise ValueError(f"CISPO takes the band's {takers} bounds; {rule.label} is an objective of its own")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if anchor not in ("recomputed", "rollout"):
-            raise ValueError(f"anchor must be 'recomputed' or 'rollout', got {anchor!r}")
+        if anchor not in ANCHORS:
+            raise ValueError(f"anchor must be {' or '.join(map(repr, ANCHORS))}, got {anchor!r}")
         shared["policy_loss_type"] = "cispo" if policy_loss_type == "cispo" else "band"
         super().__init__(**shared, takes_dual_clip=rule.takes_dual_clip,
                          why_no_dual_clip=f" with the {rule.name} rule ({rule.dual_clip_refusal})")  # fmt: skip

@@ -18,6 +18,7 @@ from openrlhf_band.objectives.registry import (
     ObjectiveOption,
     finite,
     non_negative,
+    one_of,
     positive,
     register_objective,
     share,
@@ -65,7 +66,7 @@ def cispo_token_loss(
             "--actor.eps_clip_low_high (verl's clip_ratio_low / clip_ratio_high); band, the band's per-token "
             "[r_low(p), r_up(p)] from the --actor.band.* flags (--band_divergence, --band_delta, the cap, the "
             "floor, the adaptive radius)",
-            lambda v: None if v in CISPO_BOUNDS else f"must be one of {', '.join(CISPO_BOUNDS)}",
+            one_of(CISPO_BOUNDS),
             choices=CISPO_BOUNDS,
         ),
     ),

@@ -181,6 +181,11 @@ def share(value) -> str | None:
     return None if _number(value) and 0.0 < value <= 1.0 else "must be a share in (0, 1]"
 
 
+def one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
+    """The check of an option whose value is one of `choices`."""
+    return lambda value: None if value in choices else f"must be one of {', '.join(choices)}"
+
+
 def finite(value) -> str | None:
     return None if _number(value) and math.isfinite(value) else "must be a finite number"
 

@@ -23,7 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from openrlhf_band.objectives.registry import ObjectiveLoss, ObjectiveOption, non_negative, positive, register_objective
+from openrlhf_band.objectives.registry import (
+    ObjectiveLoss,
+    ObjectiveOption,
+    non_negative,
+    one_of,
+    positive,
+    register_objective,
+)
 from openrlhf_band.ops.token_loss import LOG_RATIO_CLAMP
 
 #: DRPO's mu: the sampler's log-probs (UniRL's default), or the loss's old log-probs, OpenRLHF's recomputed pi_old
@@ -43,7 +50,7 @@ DRPO_MU_SOURCES = ("rollout", "replay")
             "old_logp_source", "rollout", "old_logp_source",
             "mu, the probability r and the penalty are against: rollout (vLLM's log-probs of the sampled tokens) or "
             "replay (OpenRLHF's recomputed pi_old)",
-            lambda value: None if value in DRPO_MU_SOURCES else f"must be one of {', '.join(DRPO_MU_SOURCES)}",
+            one_of(DRPO_MU_SOURCES),
             choices=DRPO_MU_SOURCES,
         ),
     ),  # fmt: skip
