@@ -46,6 +46,15 @@ METHOD_FLAGS: dict[str, tuple[str, ...]] = {
     "kl-cov": ("--loss", "kl_cov", "--actor.kl_cov.kl_cov_ratio", "0.002", "--actor.kl_cov.ppo_kl_coef", "1"),
     # the band as CISPO's bounds: the kl band's [r_low(p), r_up(p)] in place of CISPO's fixed interval
     "band-kl-cispo": ("--loss", "cispo", "--actor.cispo.bounds", "band", "--band_divergence", "kl"),
+    # the kl band centred on the sampler: pi_old is the rollout engine's log-probs, no recompute pass
+    "band-kl-rollout": ("--loss", "band", "--band_divergence", "kl", "--actor.band.anchor", "rollout"),
+    # the newest baselines at their authors' loss options (examples/scripts/gpg.sh, drpo.sh, ipo.sh; the scripts'
+    # aggregation modes are not part of a method: the demo and the studies set their own): GPG's -A log pi, and
+    # DRPO's and IPO's ratios against the sampler's log-probs
+    "gpg": ("--loss", "gpg"),
+    "drpo": ("--loss", "drpo", "--actor.drpo.epsilon", "12.5"),
+    "ipo": ("--loss", "ipo", "--actor.ipo.ipo_threshold", "0.1", "--actor.ipo.adv_tau", "1", "--actor.ipo.kl_tau",
+            "0.001"),  # fmt: skip
 }
 
 

@@ -129,7 +129,8 @@ def test_clip_stats_count_each_bin_and_side_under_the_given_bounds():
 
 NEW_METHODS = ("band-kl-floor", "band-kl-floor-0.5", "band-kl-floor-0.7", "band-kl-floor-0.9",
                "band-kl-entropy-floor", "dppo-tv", "dppo-kl",
-               "cispo", "sapo", "gmpo", "clip-cov", "kl-cov", "band-kl-cispo")  # fmt: skip
+               "cispo", "sapo", "gmpo", "clip-cov", "kl-cov", "band-kl-cispo",
+               "band-kl-rollout", "gpg", "drpo", "ipo")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -316,3 +317,125 @@ def test_the_loop_imports_nothing_of_the_demo():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(name.startswith("openrlhf_band.tools") for name in imported), imported
+
+
+# ------------------------------------------------------------------ a lagging sampler and the rollout anchor
+def _weights(model) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in model.state_dict().values()]
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_lagging_sampler_samples_with_the_weights_of_lag_updates_ago(lag):
+    model = _tiny_llama(seed=2)
+    settings = loop.LoopSettings(rollouts=5, prompts_per_rollout=2, samples_per_prompt=4, epochs=1, minibatches=1,
+                                 lr=1e-2, eval_every=1, sampler_lag=lag)  # fmt: skip
+    versions, sampled_with = [], []  # the policy's weights after each update (the start first); the sampler's
+
+    def evaluate(policy) -> dict[str, float]:  # runs at step 0 and after every update (eval_every 1)
+        versions.append(_weights(policy))
+        return {}
+
+    samples = []
+
+    def sample(sampler, prompts, g, gen):
+        sampled_with.append(_weights(sampler))
+        samples.append(_sample_until_end(sampler, prompts, g, gen))
+        return samples[-1]
+
+    spy = _Spy(demo.make_loss("drpo", demo.DemoConfig()))  # DRPO reads mu: one call a rollout (1 epoch x 1 batch)
+    loop.train_grpo(model, spy, settings, next_prompts=_prompts, sample=sample, reward=_low_half_share,
+                    gen=torch.Generator().manual_seed(0), evaluate=evaluate)  # fmt: skip
+    assert len(sampled_with) == 5 and len(versions) == 6 and len(spy.calls) == 5
+    assert not all(torch.equal(a, b) for a, b in zip(versions[1], versions[0]))  # the control: the policy moved
+    for step, (weights, drawn, call) in enumerate(zip(sampled_with, samples, spy.calls), start=1):
+        expected = versions[max(0, step - 1 - lag)]  # rollout s samples with the weights after update s - 1 - lag
+        assert all(torch.equal(a, b) for a, b in zip(weights, expected)), step
+        # mu is the sampler's log-probs of what it drew; pi_old the policy's (after update s - 1)
+        mu, old = (_log_probs_with(model, state, drawn) for state in (expected, versions[step - 1]))
+        assert _rows_of(call["mu"], mu) and _rows_of(call["old"], old), step
+        assert (step <= 1) == torch.equal(mu, old), step  # they differ once the sampler is behind
+
+
+class _Spy(torch.nn.Module):
+    """A loss module that records what the loop hands it, then computes the wrapped loss."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.calls = inner, []
+        self.reads_rollout_log_probs = getattr(inner, "reads_rollout_log_probs", False)
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, **kwargs):
+        self.calls.append({"old": old_log_probs.clone(), "mu": kwargs.get("rollout_log_probs"), "mask": action_mask})
+        return self.inner(log_probs, old_log_probs, advantages, action_mask=action_mask, **kwargs)
+
+
+def _one_update(method: str, anchor: str, *, shift: float):
+    """One rollout of the tiny Llama through GRPOTrainer with mu = pi_old's log-probs - shift: the loss's calls,
+    the number of the actor's forward passes, pi_old and mu."""
+    model = _tiny_llama(seed=3)
+    settings = loop.LoopSettings(rollouts=1, prompts_per_rollout=2, samples_per_prompt=4, epochs=2, minibatches=2,
+                                 lr=1e-2)  # fmt: skip
+    spy = _Spy(demo.make_loss(method, demo.DemoConfig()))
+    trainer = loop.GRPOTrainer(model, spy, settings, anchor=anchor)
+    gen = torch.Generator().manual_seed(0)
+    prompts = _prompts(2, gen)
+    samples = _sample_until_end(model, prompts, 4, gen)
+    with torch.no_grad():
+        old = loop.as_actor(model)(samples.sequences, samples.action_mask, attention_mask=samples.attention_mask)
+    mu = old - shift
+    forwards = []
+    inner = trainer.actor.forward
+    trainer.actor.forward = lambda *a, **k: forwards.append(1) or inner(*a, **k)
+    trainer.update(samples, _low_half_share(prompts, samples), gen, rollout_log_probs=mu)
+    return spy.calls, len(forwards), old, mu
+
+
+def _log_probs_with(model, state: list[torch.Tensor], samples: loop.Samples) -> torch.Tensor:
+    """The action log-probs of `samples` under `model`'s architecture with the weights `state` (a copy)."""
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(dict(zip(model.state_dict().keys(), state)))
+    twin.eval()
+    with torch.no_grad():
+        return loop.as_actor(twin)(samples.sequences, samples.action_mask, attention_mask=samples.attention_mask)
+
+
+def _rows_of(minibatch: torch.Tensor, full: torch.Tensor) -> bool:
+    """Every row of `minibatch` is a row of `full` (the trainer draws the minibatches' rows at random)."""
+    return all(any(torch.equal(row, other) for other in full) for row in minibatch)
+
+
+def test_the_rollout_anchor_centres_on_the_samplers_log_probs_without_a_recompute_pass():
+    calls, forwards, old, mu = _one_update("band-kl-rollout", "rollout", shift=0.25)
+    assert forwards == 4  # 2 epochs x 2 minibatches: no pi_old pass
+    assert all(_rows_of(call["old"], mu) and call["mu"] is None for call in calls)
+    calls, forwards, old, mu = _one_update("band-kl", "recomputed", shift=0.25)  # the control
+    assert forwards == 5 and all(_rows_of(call["old"], old) and not _rows_of(call["old"], mu) for call in calls)
+
+
+def test_drpo_and_ipo_get_mu_as_rollout_log_probs_and_pi_old_recomputed():
+    for method in ("drpo", "ipo"):
+        calls, forwards, old, mu = _one_update(method, "recomputed", shift=0.25)
+        assert forwards == 5 and len(calls) == 4
+        for call in calls:
+            assert _rows_of(call["old"], old) and _rows_of(call["mu"], mu) and not _rows_of(call["mu"], old)
+
+
+def test_at_lag_0_the_rollout_anchor_is_the_recomputed_one_bit_for_bit(warm_state):
+    cfg = demo.DemoConfig(rollouts=2, eval_every=1, eval_prompts=64)
+    recomputed, rollout = (demo.train_method(m, 0, warm_state, cfg) for m in ("band-kl", "band-kl-rollout"))
+    assert rollout[2]["mean@32"] != rollout[0]["mean@32"]  # it trained
+    assert [{**r, "method": None} for r in rollout] == [{**r, "method": None} for r in recomputed]
+
+
+def test_a_lag_is_a_whole_number_of_versions():
+    with pytest.raises(ValueError, match="sampler_lag must be a whole number"):
+        loop.LoopSettings(rollouts=1, prompts_per_rollout=1, samples_per_prompt=2, epochs=1, minibatches=1, lr=1.0,
+                          sampler_lag=-1)  # fmt: skip
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    assert demo.config_from_args(parser.parse_args(["--lag", "2"])).loop_settings().sampler_lag == 2
+    with pytest.raises(ValueError, match="--lag >= 0"):
+        demo.config_from_args(parser.parse_args(["--lag", "-1"]))
+    with pytest.raises(ValueError, match="anchor must be one of"):
+        loop.GRPOTrainer(_tiny_llama(), demo.make_loss("clip", demo.DemoConfig()),
+                         loop.LoopSettings(1, 1, 2, 1, 1, 1.0), anchor="sampler")  # fmt: skip

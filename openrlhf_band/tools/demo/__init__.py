@@ -61,7 +61,7 @@ from openrlhf_band.tools.demo.loop import (
     train_grpo,
 )
 from openrlhf_band.tools.demo.mechanism import format_mechanism, mechanism_check
-from openrlhf_band.tools.demo.methods import DEFAULT_METHODS, METHODS, make_loss, method_bounds
+from openrlhf_band.tools.demo.methods import DEFAULT_METHODS, METHODS, make_loss, method_anchor, method_bounds
 from openrlhf_band.tools.demo.report import (
     REPORTED,
     _write_csv,
@@ -89,9 +89,9 @@ __all__ = [
     "BINS", "DEFAULT_METHODS", "FULL", "METHODS", "QUICK", "REPORTED", "ClipStats", "DemoConfig", "GRPOTrainer",
     "LoopSettings", "Samples", "add_arguments", "as_actor", "build_actor", "build_model", "config_from_args",
     "correct_response", "evaluate", "exact_match_reward", "fork_distractor", "format_mechanism", "format_summary",
-    "group_advantages", "main", "make_loss", "mechanism_check", "method_bounds", "paired_differences", "plot",
-    "pooled_clip_rates", "run", "sample_group", "sample_prompts", "sample_responses", "train_grpo", "train_method",
-    "vocab_size", "warm_checkpoint", "warm_up",
+    "group_advantages", "main", "make_loss", "mechanism_check", "method_anchor", "method_bounds", "paired_differences",
+    "plot", "pooled_clip_rates", "run", "sample_group", "sample_prompts", "sample_responses", "train_grpo",
+    "train_method", "vocab_size", "warm_checkpoint", "warm_up",
 ]  # fmt: skip
 
 
@@ -146,6 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollouts", type=int, default=None)
     parser.add_argument("--methods", nargs="+", default=None, choices=list(METHODS))
     parser.add_argument("--workers", type=int, default=None, help="parallel runs (default 2)")
+    parser.add_argument(
+        "--lag", type=int, default=None,
+        help="policy versions the sampler lags by, as an asynchronous trainer's (default 0: the current weights); "
+        "its log-probs are the rollout engine's mu (studies/staleness)",
+    )  # fmt: skip
     parser.add_argument("--out", default="out/demo")
 
 
@@ -158,11 +163,11 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         if on:
             for key, value in preset.items():
                 setattr(cfg, key, copy.copy(value))
-    for key in ("seeds", "rollouts", "methods", "workers"):
+    for key in ("seeds", "rollouts", "methods", "workers", "lag"):
         if getattr(args, key) is not None:
             setattr(cfg, key, list(args.methods) if key == "methods" else getattr(args, key))
-    if cfg.seeds < 1 or cfg.rollouts < 3 * cfg.eval_every or cfg.workers < 1:
-        raise ValueError(f"--seeds >= 1, --rollouts >= {3 * cfg.eval_every} and --workers >= 1, please")
+    if cfg.seeds < 1 or cfg.rollouts < 3 * cfg.eval_every or cfg.workers < 1 or cfg.lag < 0:
+        raise ValueError(f"--seeds >= 1, --rollouts >= {3 * cfg.eval_every}, --workers >= 1 and --lag >= 0, please")
     return cfg
 
 

@@ -34,6 +34,7 @@ class DemoConfig:
     kl_coef: float = 0.001
     eval_every: int = 5
     eval_prompts: int = 256
+    lag: int = 0  # policy versions the sampler lags by (0: samples with the current weights, as `make demo`)
     # task
     keys: int = 128
     answer_tokens: int = 32
@@ -63,4 +64,5 @@ class DemoConfig:
             lr=self.lr,
             kl_coef=self.kl_coef,
             eval_every=self.eval_every,
+            sampler_lag=self.lag,
         )

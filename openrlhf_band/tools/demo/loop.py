@@ -15,6 +15,14 @@ of optimizer steps on the same samples, so a token's own earlier updates move it
 a clip binds). One generator draws the prompts, the sampling noise and the minibatch order, in that order:
 two methods at one seed see the same prompts and noise while their policies agree.
 
+A lagging sampler (`LoopSettings.sampler_lag` = k > 0), as an asynchronous trainer's: rollout s is sampled
+with the weights after rollout s - 1 - k's update (the starting weights while fewer exist), and its log-probs
+of the sampled tokens are mu, the rollout engine's log-probs (here computed by the same `Actor` forward as
+pi_old, so the lag is the only difference between them: no engine-vs-trainer numerics). The centre of the
+update (`anchor`): "recomputed", pi_old from the current weights (OpenRLHF's default), or "rollout", pi_old
+= mu and no recompute pass (`--actor.band.anchor rollout`). A loss that reads mu (DRPO, IPO) gets it as
+`rollout_log_probs`. With k = 0 the sampler is the policy itself and mu is pi_old, bit for bit.
+
 Shapes and units: sequences (N * G, P + T) token ids, row i * G + j the j-th sample of prompt i;
 attention_mask (N * G, P + T), 1 on real tokens; action_mask (N * G, T), 1 on the response tokens that
 count (the last T columns of the sequences); rewards (N * G,) float; log-probs and entropies in nats.
@@ -22,6 +30,8 @@ count (the last T columns of the sequences); rewards (N * G,) float; log-probs a
 
 from __future__ import annotations
 
+import collections
+import copy
 import math
 import statistics
 from collections.abc import Callable
@@ -62,6 +72,11 @@ class LoopSettings:
     kl_coef: float = 0.0
     eval_every: int = 1
     betas: tuple[float, float] = (0.9, 0.999)  # torch's Adam defaults (OpenRLHF's trainer: (0.9, 0.95))
+    sampler_lag: int = 0  # policy versions (rollouts' updates) the sampler's weights lag the policy's by
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.sampler_lag, int) and self.sampler_lag >= 0):
+            raise ValueError(f"sampler_lag must be a whole number of policy versions >= 0, got {self.sampler_lag!r}")
 
 
 def as_actor(model: torch.nn.Module) -> Actor:
@@ -113,6 +128,9 @@ class ClipStats:
         return out
 
 
+#: where the update is centred: pi_old recomputed from the current weights, or the sampler's mu
+ANCHORS = ("recomputed", "rollout")
+
 # what the band's losses report of their own, as the rows name them: clips by the lower floor alone, and
 # DPPO's truncated weights (a loss without these metrics adds nothing)
 BAND_FRACTIONS = (("floor_frac", "band/clip_frac_floor"), ("truncated_frac", "band/truncated_frac"))
@@ -121,7 +139,8 @@ BAND_FRACTIONS = (("floor_frac", "band/clip_frac_floor"), ("truncated_frac", "ba
 class GRPOTrainer:
     """One policy's GRPO updates under one loss: Adam on the model's parameters, the k3 KL to a frozen
     reference (when given), and the bookkeeping the rows report (clip fractions, the band's own
-    fractions, clip rates per bin under the bounds the loss used, else under `bounds_of(old)`)."""
+    fractions, clip rates per bin under the bounds the loss used, else under `bounds_of(old)`). `anchor`:
+    where pi_old comes from (ANCHORS; "rollout" needs the sampler's log-probs in `update`)."""
 
     def __init__(
         self,
@@ -131,8 +150,13 @@ class GRPOTrainer:
         *,
         reference: torch.nn.Module | None = None,
         bounds_of: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
+        anchor: str = "recomputed",
     ) -> None:
+        if anchor not in ANCHORS:
+            raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
         self.model, self.loss_fn, self.settings, self.bounds_of = model, loss_fn, settings, bounds_of
+        self.anchor = anchor
+        self.reads_rollout_log_probs = getattr(loss_fn, "reads_rollout_log_probs", False)  # DRPO, IPO
         self.actor = as_actor(model)
         self.reference = None
         if reference is not None:
@@ -143,10 +167,15 @@ class GRPOTrainer:
         self.stats = ClipStats()  # cumulative over training
         self.clip_fracs: list[float] = []  # per optimizer step, since the last take_metrics
         self.band_fracs: dict[str, list[float]] = {name: [] for name, _ in BAND_FRACTIONS}
+        self.sampler_kl: list[float] = []  # per rollout with a lagging sampler and pi_old recomputed
 
-    def update(self, samples: Samples, rewards: Tensor, gen: torch.Generator) -> list[float]:
+    def update(
+        self, samples: Samples, rewards: Tensor, gen: torch.Generator, rollout_log_probs: Tensor | None = None
+    ) -> list[float]:
         """One rollout's updates: epochs x minibatches in the order `gen` draws. `rewards` (N * G,) with G =
-        settings.samples_per_prompt. Returns each optimizer step's loss (policy loss + KL term)."""
+        settings.samples_per_prompt; `rollout_log_probs` (N * G, T): mu, the sampler's log-probs of the sampled
+        tokens, where the sampler is not the policy itself (None: it is, and mu is pi_old). Returns each
+        optimizer step's loss (policy loss + KL term)."""
         from openrlhf.models.loss import aggregate_loss
         from openrlhf.models.utils import compute_approx_kl
 
@@ -155,7 +184,14 @@ class GRPOTrainer:
         adv = group_advantages(rewards.reshape(-1, settings.samples_per_prompt))
         with torch.no_grad():
             actor.eval()
-            old = actor(sequences, action_mask, attention_mask=attention_mask)
+            if self.anchor == "rollout" and rollout_log_probs is not None:
+                old = rollout_log_probs  # the sampler's: no recompute pass, as --actor.band.anchor rollout
+            else:
+                old = actor(sequences, action_mask, attention_mask=attention_mask)
+            mu = old if rollout_log_probs is None else rollout_log_probs
+            if rollout_log_probs is not None and self.anchor == "recomputed":
+                # KL(mu || pi_old) on the sampled tokens (k1: they are mu's samples), nats per token
+                self.sampler_kl.append(((mu - old) * action_mask).sum().item() / action_mask.sum().item())
             ref = None
             if self.reference is not None:
                 ref = self.reference(sequences, action_mask, attention_mask=attention_mask)
@@ -169,6 +205,8 @@ class GRPOTrainer:
                                           return_output=True, return_entropy=self.needs_entropy)  # fmt: skip
                 # as OpenRLHF's training_step (and the patch's band_loss_inputs): the detached entropy
                 extra = {"entropy": output.entropy[:, -width:].detach()} if self.needs_entropy else {}
+                if self.reads_rollout_log_probs:
+                    extra["rollout_log_probs"] = mu[idx]
                 policy_loss, clip_ratio, *_ = loss_fn(log_probs, old[idx], adv[idx], action_mask=action_mask[idx],
                                                       **extra)  # fmt: skip
                 loss = policy_loss
@@ -196,8 +234,12 @@ class GRPOTrainer:
     def take_metrics(self) -> dict[str, float]:
         """clip_frac: the mean clip fraction of the optimizer steps since the last call; floor_frac /
         truncated_frac likewise, where the loss reports them; the clip rates per bin over all training
-        so far (ClipStats.rates)."""
+        so far (ClipStats.rates); sampler_kl, the mean KL(mu || pi_old) per token over the rollouts since the last
+        call, where the sampler lags and pi_old is recomputed."""
         row = {"clip_frac": statistics.fmean(self.clip_fracs)}
+        if self.sampler_kl:
+            row["sampler_kl"] = statistics.fmean(self.sampler_kl)
+            self.sampler_kl.clear()
         for name, values in self.band_fracs.items():
             if values:
                 row[name] = statistics.fmean(values)
@@ -220,13 +262,24 @@ def train_grpo(
     reference: torch.nn.Module | None = None,
     bounds_of: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
     labels: dict[str, Any] | None = None,
+    anchor: str = "recomputed",
 ) -> list[dict]:
     """GRPO on `model` (trained in place) for settings.rollouts rollouts; one row per evaluation: at step 0
     and every settings.eval_every rollouts, `labels`, the step, `evaluate(model)` and GRPOTrainer's
     metrics. The prompts are opaque to the loop: `next_prompts(N, gen)` makes them, `sample` and
-    `reward` read them (a tensor of token ids for the demo, rows of a dataset for a real task)."""
-    trainer = GRPOTrainer(model, loss_fn, settings, reference=reference, bounds_of=bounds_of)
+    `reward` read them (a tensor of token ids for the demo, rows of a dataset for a real task). With
+    settings.sampler_lag = k > 0 a copy of the model holding the weights of k updates ago samples (the module
+    docstring); `anchor` centres the update (GRPOTrainer)."""
+    trainer = GRPOTrainer(model, loss_fn, settings, reference=reference, bounds_of=bounds_of, anchor=anchor)
     labels = dict(labels or {})
+    lag = settings.sampler_lag
+    sampler, versions = model, None
+    if lag:
+        sampler = copy.deepcopy(model)
+        sampler.requires_grad_(False)
+        # the weights after each of the last lag + 1 updates (the starting weights first); the oldest samples
+        versions = collections.deque([_weights(model)], maxlen=lag + 1)
+        sampler_actor = as_actor(sampler)
 
     def evaluation() -> dict[str, float]:
         return evaluate(model) if evaluate is not None else {}
@@ -234,8 +287,22 @@ def train_grpo(
     rows = [{**labels, "step": 0, **evaluation()}]
     for step in range(1, settings.rollouts + 1):
         prompts = next_prompts(settings.prompts_per_rollout, gen)
-        samples = sample(model, prompts, settings.samples_per_prompt, gen)
-        trainer.update(samples, reward(prompts, samples), gen)
+        mu = None
+        if lag:
+            sampler.load_state_dict(versions[0])
+        samples = sample(sampler, prompts, settings.samples_per_prompt, gen)
+        if lag:
+            with torch.no_grad():
+                sampler_actor.eval()
+                mu = sampler_actor(samples.sequences, samples.action_mask, attention_mask=samples.attention_mask)
+        trainer.update(samples, reward(prompts, samples), gen, rollout_log_probs=mu)
+        if lag:
+            versions.append(_weights(model))
         if step % settings.eval_every == 0:
             rows.append({**labels, "step": step, **evaluation(), **trainer.take_metrics()})
     return rows
+
+
+def _weights(model: torch.nn.Module) -> dict[str, Tensor]:
+    """A copy of the model's weights (a policy version)."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}

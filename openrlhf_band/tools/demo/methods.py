@@ -43,6 +43,8 @@ def _facets(name: str) -> dict:
 
 def _trust_region_facets(spec, loss_kwargs: dict) -> dict:
     facets = {"kind": "band", "divergence": spec.divergence}
+    if loss_kwargs.get("anchor", "recomputed") != "recomputed":  # centred on the sampler's log-probs
+        facets["anchor"] = loss_kwargs["anchor"]
     if loss_kwargs["adaptive"] != "none":
         facets["adaptive"] = loss_kwargs["adaptive"]
     if spec.lower_floor is not None:
@@ -68,6 +70,12 @@ del _name
 if not set(DEFAULT_METHODS) <= set(METHODS):
     unknown = sorted(set(DEFAULT_METHODS) - set(METHODS))
     raise ValueError(f"DEFAULT_METHODS (tools/demo/config.py) names methods the demo does not have: {unknown}")
+
+
+def method_anchor(method: str) -> str:
+    """Where the method centres its update: "rollout" (pi_old = the sampler's log-probs, `--actor.band.anchor
+    rollout`) or "recomputed" (pi_old from the current weights, every other method)."""
+    return METHODS[method].get("anchor", "recomputed")
 
 
 def _demo_flags(method: str, cfg: DemoConfig) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ import torch
 
 from openrlhf_band.tools.demo.config import DemoConfig
 from openrlhf_band.tools.demo.loop import train_grpo
-from openrlhf_band.tools.demo.methods import make_loss, method_bounds
+from openrlhf_band.tools.demo.methods import make_loss, method_anchor, method_bounds
 from openrlhf_band.tools.demo.task import (
     build_model,
     evaluate,
@@ -50,6 +50,7 @@ def train_method(method: str, seed: int, warm_state: dict, cfg: DemoConfig) -> l
         reference=reference,
         bounds_of=bounds_of,
         labels={"method": method, "seed": seed},
+        anchor=method_anchor(method),
     )
 
 
