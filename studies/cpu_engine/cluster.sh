@@ -47,6 +47,10 @@ e2e_run_marker() {
 run_pids() {
   grep -lsz "^E2E_RUN_ID=$RUN_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true
 }
+# Tenths of a second of SIGTERM grace before SIGKILL. A run that succeeded sets it to 0 before its exit: by
+# then train_ppo_ray has returned, vLLM has shut down, and only Ray's daemons are left, which ignore the
+# grace anyway (below); a failed or interrupted run keeps the 2 s.
+TERM_GRACE_TENTHS=20
 # shellcheck disable=SC2329  # the EXIT trap
 cleanup() {
   local pids
@@ -57,7 +61,7 @@ cleanup() {
     # Two seconds' grace: Ray's gcs_server and a Python daemon beside it outlived SIGTERM through a grace of
     # 10 s in the runs watched (a run's exit came 10.6 s after its training ended), while the trainer's and
     # vLLM's processes have left by then.
-    for _ in $(seq 1 20); do
+    for _ in $(seq 1 "$TERM_GRACE_TENTHS"); do
       [[ -z "$(run_pids)" ]] && break
       sleep 0.1
     done
@@ -99,6 +103,9 @@ e2e_exports() {
   export E2E_PARAM_DTYPE
   stage "dtype: $E2E_PARAM_DTYPE"
   export GLOO_SOCKET_IFNAME=lo VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
+  # vLLM's worker inside its EngineCore process, as OpenRLHF's executor "uni" asks at tp=1 (GPU layout); vLLM's
+  # CPU platform otherwise turns it into "mp", a third process that imports torch and vLLM again (about 8 s a run)
+  export VLLM_ENABLE_V1_MULTIPROCESSING=0
   export RAY_DEDUP_LOGS=0 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
   export PATH="$VENV/bin:$PATH"
 }

@@ -5,7 +5,8 @@ Each run costs about a minute, so runs are shared between the tests that read th
 fixtures) and combine what they can: the chi2 run also carries the clipping and weight-sync checks,
 the kl run dual-clip and the vLLM IS correction, the controller's pair the checkpoint resume, the DPPO
 and floor runs the asynchronous trainer (the floor run with partial rollouts), the DCPO run PPO with a critic
-and DAPO's dynamic filtering, the code run a multi-turn agent; every advantage estimator that changes what the
+and DAPO's dynamic filtering, the code run a multi-turn agent and the entropy rule over two epochs; every
+advantage estimator that changes what the
 loss sees rides on one of them (ESTIMATORS), and the runs whose checks never read the KL term train without a
 reference model (NO_REFERENCE)."""
 
@@ -105,7 +106,7 @@ def training_batches(run: Run) -> list[dict]:
 # Each advantage estimator of OpenRLHF 0.11.2 other than train.sh's group_norm (which the other band runs train
 # with), and the band run it trains in (test_every_estimator_trains_with_the_band)
 ESTIMATORS = {"reinforce": "dppo", "reinforce_baseline": "kl", "gae": "dcpo", "dr_grpo": "controller",
-              "rloo": "two_epochs", "flash_reinforce": "code"}  # fmt: skip
+              "rloo": "gym", "flash_reinforce": "code"}  # fmt: skip
 # vLLM's log-probs with every batch (the IS correction in clip mode: it weighs the loss, masks nothing), so that
 # band/behaviour_* show where the sampler was against the band's centre
 SYNC_IS_ARGS = ("--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip")
@@ -381,8 +382,9 @@ def run_processes(marker: str) -> list[int]:
 def test_an_interrupted_run_stops_the_cluster_and_every_process(e2e_root, chi2_run):
     out = e2e_root / "interrupted"
     proc = subprocess.Popen(
-        ["bash", str(TRAIN_SH), str(out), "--loss", "band"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+        ["bash", str(TRAIN_SH), str(out), "--loss", "band", *NO_REFERENCE, "--data.max_samples", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and "Generate samples" not in _read(out / "train.log"):
         assert proc.poll() is None, proc.stdout.read().decode()
@@ -499,7 +501,8 @@ def gym_run(e2e_root) -> Run:
     """The reasoning-gym task on a real pretrained model: SmolLM2-135M-Instruct made by `openrlhf-band
     prepare-model` from its package (cached in .venv-e2e/models), two easy tasks with two shots, one
     step of 2 prompts x 4 samples (one optimizer step, CPU time) in float32 (the shim's float32_on_cpu),
-    the held-out eval after it.
+    the held-out eval after it, with RLOO's advantages (no check here reads them: test_every_estimator...). No
+    "best" checkpoint (`--ckpt.best_metric_key none`): OpenRLHF would save the whole model when the eval improves.
     A Llama architecture, a real tokenizer and a real chat template through the whole engine."""
     data = e2e_root / "smollm2-data"
     # --data.max_samples (steps x prompts) also caps the eval set: 2 prompts, one held-out item per task
@@ -508,7 +511,7 @@ def gym_run(e2e_root) -> Run:
     return trained(
         e2e_root / "smollm2", "--loss", "band", "--eval.dataset", str(data / "eval.jsonl"), "--eval.steps", "1",
         "--eval.n_samples_per_prompt", "2", "--train.batch_size", "8", "--train.micro_batch_size", "4",
-        env=env, script=SMOL_SH,
+        *estimator("rloo"), "--ckpt.best_metric_key", "none", env=env, script=SMOL_SH,
     )  # fmt: skip
 
 
@@ -517,7 +520,12 @@ def code_run(e2e_root) -> Run:
     """The code task as a multi-turn agent (openrlhf_band/tasks/code/agent.py, through --train.agent_func_path):
     each reply runs in the sandbox against its visible test, a failure comes back as the next user turn (up to 3
     replies), the last reply is scored on every test. With flash_reinforce (OpenRLHF's own agent example's
-    estimator) and vLLM's log-probs (the IS correction, clip mode)."""
+    estimator) and vLLM's log-probs (the IS correction, clip mode).
+
+    Also the entropy rule's run: the entropy-adaptive radius, and the rollout trained for two epochs with one
+    optimizer step each (all 16 samples per step): the first epoch's forwards are pi_old's, the second's the policy
+    one optimizer step later, on the same tokens (the shim's loss probe logs each loss call). One run for both:
+    each costs a minute of start-up."""
     from openrlhf_band.tasks import agent_file
 
     fixtures = ROOT / "tests" / "fixtures" / "code"
@@ -527,7 +535,8 @@ def code_run(e2e_root) -> Run:
     )  # fmt: skip
     return task_run(
         e2e_root, "code", data, "--train.agent_func_path", agent_file("code"), *estimator("flash_reinforce"),
-        *SYNC_IS_ARGS, *NO_REFERENCE,
+        *SYNC_IS_ARGS, *NO_REFERENCE, "--actor.band.adaptive", "entropy", "--train.batch_size", "16",
+        "--train.max_epochs", "2",
     )  # fmt: skip
 
 
@@ -638,7 +647,8 @@ def test_environment_tokens_never_reach_the_band(code_run):
           f"tokens in {len(spans)} user turns, {len(batches)} batches")  # fmt: skip
     assert spans, "no feedback turn reached the trainer"
     assert [t for t in spans if not whole_turn.match(t)] == []
-    # and the loss received that mask: the tokens it let in are the batches' reply tokens, each once (one epoch)
+    # and the loss received that mask: the tokens it let in are the batches' reply tokens, each once per epoch (the
+    # batch probe logs each epoch's batch too)
     assert sum(c["tokens"] for c in loss_calls(code_run)) == action
 
 
@@ -671,33 +681,20 @@ def controller_resumed(e2e_root, controller_saved) -> Run:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def two_epoch_run(e2e_root) -> Run:
-    """One rollout trained for two epochs with one optimizer step each (all 16 samples per step):
-    the first epoch's forwards are pi_old's, the second's the policy one optimizer step later, on the
-    same tokens (the shim's entropy probe logs each loss call). Also the entropy rule's own run (one
-    run for both: each costs a minute or two of start-up)."""
-    return trained(
-        e2e_root / "entropy-two-epochs", "--loss", "band", "--actor.band.adaptive", "entropy",
-        "--data.max_samples", "4", "--train.batch_size", "16", "--train.max_epochs", "2", *estimator("rloo"),
-        *SYNC_IS_ARGS, *NO_REFERENCE,
-    )  # fmt: skip
-
-
-def test_entropy_rule_through_the_real_engine(two_epoch_run):
-    assert "adaptive='entropy'" in resolved_band(two_epoch_run)
-    scalars = two_epoch_run.scalars()
+def test_entropy_rule_through_the_real_engine(code_run):  # (code_run: also the entropy rule's run)
+    assert "adaptive='entropy'" in resolved_band(code_run)
+    scalars = code_run.scalars()
     delta, delta_sq = scalars["train/band/delta_mean"][1], scalars["train/band/delta_sq_mean"][1]
     assert 0.0125 <= delta <= 0.2 and delta_sq >= delta**2 * (1 - 1e-6)  # inside the default range
     assert delta_sq > delta**2 * (1 + 1e-4)  # per-token radii: a real spread, not one value
     assert scalars["train/band/entropy_mean"][1] > 0
     assert "train/band/controller_delta" not in scalars
-    check_band_metrics(two_epoch_run, [1])
-    check_centred_on_the_actor(two_epoch_run, [1])
+    check_band_metrics(code_run, [1])
+    check_centred_on_the_actor(code_run, [1])
 
 
-def test_current_entropy_against_pi_old_entropy_on_the_same_tokens(two_epoch_run):
-    calls = loss_calls(two_epoch_run)
+def test_current_entropy_against_pi_old_entropy_on_the_same_tokens(code_run):
+    calls = loss_calls(code_run)
     assert len(calls) == 16  # 16 samples, micro-batch 2, two epochs
     first, second = calls[:8], calls[8:]
     assert sum(c["tokens"] for c in first) == sum(c["tokens"] for c in second)  # the same tokens, reshuffled
@@ -985,14 +982,14 @@ def test_the_learning_test_fails_when_nothing_is_learned(ppo_run):
 
 
 # --- every advantage estimator -------------------------------------------------------------------------------
-def test_every_estimator_trains_with_the_band(chi2_run, kl_run, dcpo_run, controller_resumed, two_epoch_run, code_run,
+def test_every_estimator_trains_with_the_band(chi2_run, kl_run, dcpo_run, controller_resumed, gym_run, code_run,
                                               dppo_run):  # fmt: skip
     parser = (ROOT / ".venv-e2e" / "lib" / "python3.11" / "site-packages" / "openrlhf" / "cli" / "train_ppo_ray.py")
     choices = re.search(r'"--algo\.advantage\.estimator",.*?choices=\[([^\]]*)\]', parser.read_text(), re.DOTALL)
     assert choices, "train_ppo_ray's estimator choices not found"
     assert set(re.findall(r'"(\w+)"', choices.group(1))) == {"group_norm", *ESTIMATORS}
-    runs = {"kl": kl_run, "dcpo": dcpo_run, "controller": controller_resumed, "two_epochs": two_epoch_run,
-            "code": code_run, "dppo": dppo_run}  # fmt: skip
+    runs = {"kl": kl_run, "dcpo": dcpo_run, "controller": controller_resumed, "gym": gym_run, "code": code_run,
+            "dppo": dppo_run}  # fmt: skip
     assert "estimator='group_norm'" in chi2_run.log
     for name, run in ESTIMATORS.items():
         assert f"estimator='{name}'" in runs[run].log, name  # in the arguments train_ppo_ray printed
