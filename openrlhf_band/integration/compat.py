@@ -29,14 +29,37 @@ def all_gather(tensor: torch.Tensor, process_group) -> torch.Tensor:
     )
 
 
+def vllm_import_error() -> BaseException | None:
+    """Why OpenRLHF's imports from vLLM fail here (the exception they raise now), or None if they succeed."""
+    try:
+        from vllm import SamplingParams  # noqa: F401  (what the patched OpenRLHF modules import)
+        from vllm.inputs import TokensPrompt  # noqa: F401
+        from vllm.utils import random_uuid  # noqa: F401
+    except Exception as error:  # (an OSError or RuntimeError of a broken build already stopped OpenRLHF's import,
+        return error  # which catches ImportError only: the user saw it as raised)
+    return None
+
+
 class _MissingVLLM:
-    """Takes the place of vllm and its symbols; any use raises one clear error."""
+    """Takes the place of vllm and its symbols; any use raises one clear error, with the import's own reason:
+    not installed, or installed and failing to import (a CUDA, driver or ABI mismatch, shown as it was raised)."""
 
     def _fail(self, *args, **kwargs):
+        reason = vllm_import_error()
+        if reason is None:
+            raise ImportError(
+                "vLLM imports now but did not when OpenRLHF was imported (installed since?): restart the process"
+            )
+        if isinstance(reason, ModuleNotFoundError) and reason.name == "vllm":
+            raise ImportError(
+                "vLLM is not installed: OpenRLHF's rollout engines need it. Install vllm==0.29.0 on a GPU "
+                "machine (or use the project's Dockerfile); everything else in openrlhf works without it."
+            ) from reason
         raise ImportError(
-            "vLLM is not installed: OpenRLHF's rollout engines need it. Install vllm==0.29.0 on a GPU "
-            "machine (or use the project's Dockerfile); everything else in openrlhf works without it."
-        )
+            f"vLLM is installed but OpenRLHF's imports from it fail: {type(reason).__name__}: {reason}. The "
+            "rollout engines need it; a mismatch between vLLM, torch, CUDA and the driver is the usual cause "
+            "(the image needs an NVIDIA driver >= 580); `python -c 'import vllm'` shows the whole traceback."
+        ) from reason
 
     __call__ = _fail
 
