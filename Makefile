@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.venv/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv e2e-venv learn-checkpoint learn-checkpoint-rebuild learn-study smollm2-study realmodel-audit realmodel-calibrate realmodel-probe realmodel-pairs realmodel-entropy test unit unit-cpu-paths e2e lint demo bench locks clean ci-no-bf16
+.PHONY: venv e2e-venv learn-checkpoint learn-checkpoint-rebuild learn-study smollm2-study realmodel-audit realmodel-calibrate realmodel-probe realmodel-pairs realmodel-entropy staleness-study test unit unit-cpu-paths e2e lint demo bench locks clean ci-no-bf16
 
 venv: $(STAMP)
 
@@ -78,6 +78,14 @@ learn-checkpoint-rebuild: $(STAMP) $(E2E_STAMP)
 learn-study: learn-checkpoint
 	$(E2E_VENV)/bin/python studies/learn/learn_study.py run --seeds 3 --steps 20 --out out/learn-study
 	$(E2E_VENV)/bin/python studies/learn/learn_study.py report --out out/learn-study --docs studies/learn/results
+
+# Where the band is centred when the sampler lags (docs/staleness.md): the CPU demo with a sampler 0, 1, 2 and 4
+# policy versions behind, clip, band-kl on pi_old and on mu, DPPO-TV and DRPO, 3 seeds; the tables, CSV and plot
+# under studies/staleness/results/. A lag already complete under out/staleness is skipped.
+staleness-study: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/python studies/staleness/study.py run --out out/staleness
+	$(VENV)/bin/python studies/staleness/study.py collect --out out/staleness
+	$(VENV)/bin/python studies/docs_tables.py
 
 # The real-model study (docs/smollm2_study.md): SmolLM2-135M-Instruct (openrlhf-band prepare-model) through
 # train_ppo_ray on reasoning-gym tasks; clip, Clip-Higher, band-kl, band-kl-floor and CISPO, 3 seeds, seed-matched
