@@ -56,18 +56,20 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 # distribution packages are left unpinned on purpose: Ubuntu withdraws old versions, which would
 # break the build; the Python stack below is what is pinned. util-linux (setpriv) and libseccomp2 are what the
-# code sandbox uses (openrlhf_band/sandbox/): on the base image already, named so that they stay
+# code sandbox uses (openrlhf_band/sandbox/): on the base image already, named so that they stay; build-essential
+# is the compiler the lock's C sdist (pycosat) needs, whatever the base image carries
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev git ca-certificates \
-       util-linux libseccomp2 \
+       util-linux libseccomp2 build-essential \
     && rm -rf /var/lib/apt/lists/* \
     && python3.12 -m venv /opt/venv
 
 # The locked stack. The lock is complete (vLLM with torch 2.13.0 and its CUDA libraries, DeepSpeed, Ray,
 # transformers, openrlhf and its requirements), so --no-deps: pip installs exactly its files, each checked against
-# its sha256. setuptools and wheel go first, from the lock, because the two packages published only as sdists
-# (deepspeed, transformers-stream-generator) are built with them (--no-build-isolation: no unhashed build tools;
+# its sha256. setuptools and wheel go first, from the lock, because the five packages the lock holds only as sdists
+# (cellpylib, pycosat, zss, deepspeed, transformers-stream-generator; pycosat a C extension, whose compiler
+# build-essential above guarantees) are built with them (--no-build-isolation: no unhashed build tools;
 # torch is not installed yet while they build, as in an isolated build). pip check then admits one gap only:
 # openrlhf's flash-attn, which the next step adds or leaves out. The flash_attn*.whl glob copies a wheel for
 # FLASH_ATTN_WHEEL when the context has one, and nothing otherwise.
