@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import math
 import statistics
@@ -29,6 +30,12 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent))
 from paired_runs import interval, markdown_table  # noqa: E402  (the studies' statistics)
+
+# a demo run's metrics.csv read, and a method's per-seed mean over steps, as the band family's tables do
+_spec = importlib.util.spec_from_file_location("band_family_tables", HERE.parent / "band_family" / "tables.py")
+band_family = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(band_family)
+read_demo_csv = band_family.read  # method a string, seed and step integers, the rest floats (nan where empty)
 
 ARMS = ["clip", "band-kl", "band-kl-rollout", "dppo-tv", "drpo"]
 LAGS = (0, 1, 2, 4)
@@ -74,15 +81,7 @@ def run(out: Path, lags: list[int], seeds: int) -> None:
 # ---------------------------------------------------------------------------------------------- reading
 def read(path: Path = RESULTS / "metrics.csv") -> list[dict]:
     """The rows: method a string, lag, seed and step integers, the rest floats (nan where empty)."""
-
-    def value(key: str, text: str):
-        if key == "method":
-            return text
-        if key in ("lag", "seed", "step"):
-            return int(text)
-        return float(text) if text else math.nan
-
-    return [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(path.open())]
+    return [{**r, "lag": int(r["lag"])} for r in read_demo_csv(path)]
 
 
 def final_steps(rows: list[dict]) -> list[int]:
@@ -92,12 +91,9 @@ def final_steps(rows: list[dict]) -> list[int]:
 
 def final(rows: list[dict], method: str, lag: int, key: str) -> dict[int, float]:
     """seed -> the mean of `key` over the final evaluations of `method` at `lag`."""
-    steps = final_steps(rows)
-    by_seed: dict[int, list[float]] = {}
-    for r in rows:
-        if r["method"] == method and r["lag"] == lag and r["step"] in steps:
-            by_seed.setdefault(r["seed"], []).append(r[key])
-    return {s: statistics.fmean(v) for s, v in sorted(by_seed.items()) if len(v) == len(steps)}
+    at_lag = [r for r in rows if r["lag"] == lag]
+    seeds = sorted({r["seed"] for r in at_lag if r["method"] == method})  # per_seed's order
+    return dict(zip(seeds, band_family.per_seed(at_lag, method, key, final_steps(rows))))
 
 
 def paired(rows: list[dict], a: tuple[str, int], b: tuple[str, int], key: str) -> dict:
@@ -201,10 +197,10 @@ def collect(out: Path) -> None:
     rows = []
     for path in sorted(out.glob("lag*/metrics.csv")):
         lag = int(path.parent.name.removeprefix("lag"))
-        seeds = len({r["seed"] for r in read_demo_csv(path)})
-        if not _complete(demo_config(lag, out, seeds)):
+        lag_rows = read_demo_csv(path)
+        if not _complete(demo_config(lag, out, len({r["seed"] for r in lag_rows}))):
             sys.exit(f"{path}: not every arm of {ARMS} reached the last rollout at every seed: run the study on")
-        rows += [{**r, "lag": lag} for r in read_demo_csv(path)]
+        rows += [{**r, "lag": lag} for r in lag_rows]
     if not rows:
         sys.exit(f"no lag*/metrics.csv under {out}: run the study first")
     lag0 = {(r["method"], r["seed"], r["step"]): r for r in rows if r["lag"] == 0}
@@ -231,17 +227,9 @@ def collect(out: Path) -> None:
     print(f"wrote {RESULTS / 'metrics.csv'}, summary.json, curves.png")
 
 
-def read_demo_csv(path: Path) -> list[dict]:
-    """A demo run's metrics.csv (method, seed, step and floats)."""
-
-    def value(key: str, text: str):
-        if key == "method":
-            return text
-        if key in ("seed", "step"):
-            return int(text)
-        return float(text) if text else math.nan
-
-    return [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(path.open())]
+def _means_and_errors(cells: list[dict]) -> tuple[list[float], list[float]]:
+    """Interval cells -> their means and the 95% intervals' half-widths (0 where there is no interval)."""
+    return [c["mean"] for c in cells], [(c["ci95"][1] - c["mean"]) if c["ci95"] else 0.0 for c in cells]
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -257,9 +245,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for i, m in enumerate(ARMS):
         for ax, key in zip(axes[:2], KEYS):
-            cells = [s["final"][f"{m}@{lag}"][key] for lag in lags]
-            mean = [c["mean"] for c in cells]
-            err = [(c["ci95"][1] - c["mean"]) if c["ci95"] else 0.0 for c in cells]
+            mean, err = _means_and_errors([s["final"][f"{m}@{lag}"][key] for lag in lags])
             ax.errorbar([lag + 0.05 * (i - 2) for lag in lags], mean, yerr=err, marker="o", capsize=3, label=m)
     for ax, label in zip(axes[:2], ("final mean@32", "final token entropy (nats)")):
         ax.set_xlabel("sampler lag (policy versions)")
@@ -268,9 +254,7 @@ def plot(rows: list[dict], path: Path) -> None:
     axes[0].legend(fontsize=8)
     ax = axes[2]
     for key, marker in zip(KEYS, ("o", "s")):
-        cells = [s["anchor"][str(lag)][key] for lag in lags]
-        mean = [c["mean"] for c in cells]
-        err = [(c["ci95"][1] - c["mean"]) if c["ci95"] else 0.0 for c in cells]
+        mean, err = _means_and_errors([s["anchor"][str(lag)][key] for lag in lags])
         ax.errorbar(lags, mean, yerr=err, marker=marker, capsize=3, label=key)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("sampler lag (policy versions)")
