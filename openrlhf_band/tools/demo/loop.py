@@ -128,9 +128,6 @@ class ClipStats:
         return out
 
 
-#: where the update is centred: pi_old recomputed from the current weights, or the sampler's mu
-ANCHORS = ("recomputed", "rollout")
-
 # what the band's losses report of their own, as the rows name them: clips by the lower floor alone, and
 # DPPO's truncated weights (a loss without these metrics adds nothing)
 BAND_FRACTIONS = (("floor_frac", "band/clip_frac_floor"), ("truncated_frac", "band/truncated_frac"))
@@ -140,7 +137,8 @@ class GRPOTrainer:
     """One policy's GRPO updates under one loss: Adam on the model's parameters, the k3 KL to a frozen
     reference (when given), and the bookkeeping the rows report (clip fractions, the band's own
     fractions, clip rates per bin under the bounds the loss used, else under `bounds_of(old)`). `anchor`:
-    where pi_old comes from (ANCHORS; "rollout" needs the sampler's log-probs in `update`)."""
+    where pi_old comes from, as `--actor.band.anchor` (openrlhf_band.integration.policy_loss.ANCHORS: "recomputed"
+    from the current weights, or "rollout", the sampler's mu, which `update` then needs)."""
 
     def __init__(
         self,
@@ -152,6 +150,8 @@ class GRPOTrainer:
         bounds_of: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
         anchor: str = "recomputed",
     ) -> None:
+        from openrlhf_band.integration.policy_loss import ANCHORS
+
         if anchor not in ANCHORS:
             raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
         self.model, self.loss_fn, self.settings, self.bounds_of = model, loss_fn, settings, bounds_of
