@@ -156,6 +156,9 @@ def entropy_row() -> str:
             return f"{o['mean']:+.3f}{unit} (one block, no interval): not resolved"
         lo, hi = o["ci95"]
         word = "held" if lo > 0 else "the opposite" if hi < 0 else "not resolved"
+        # the protocol's family: Holm's correction across its four outcomes decides, not the raw interval alone
+        if word != "not resolved" and o.get("p_holm") is not None and o["p_holm"] >= 0.05:
+            word = f"not resolved after Holm's correction (p {o['p_holm']:.3f})"
         if o["n"] < es.MIN_BLOCKS:  # the protocol draws no conclusion before its minimum number of blocks
             word = f"interim ({o['n']} of the protocol's minimum {es.MIN_BLOCKS} blocks): no verdict yet"
         return f"{pm(o['mean'], o['sd'])}{unit} [{lo:+.3f}, {hi:+.3f}]: {word}"
