@@ -18,6 +18,9 @@ import argparse
 import json
 
 PEAKS = {"H200": (4.8e12, 16.7e12), "A100": (2.04e12, 4.9e12), "L40S": (0.864e12, 0.72e12)}
+# the four flags, one bool plane each (openrlhf_band.ops.band_loss.FORWARD_FLAG_BYTES_PER_TOKEN; this module
+# stays free of torch and triton, tests/bench/test_roofline.py holds the two equal)
+FLAG_BYTES_PER_TOKEN = 4
 
 
 def bytes_per_token(variant: str) -> int:
@@ -27,7 +30,7 @@ def bytes_per_token(variant: str) -> int:
     loads = logp + 4 + 4 + (0 if bare else 1)  # log_probs, old_log_probs and advantages (float32), mask (1 byte)
     loads += 4 if "per-token" in variant else 0  # the radius, float32 per token (per sequence: ~0)
     loads += 8 if "bounds" in variant else 0  # given lower / upper
-    stores = 4 + 4 + 1 + (0 if bare else 8)  # loss, coefficient, flags, returned bounds (metrics need them)
+    stores = 4 + 4 + FLAG_BYTES_PER_TOKEN + (0 if bare else 8)  # loss, coefficient, flags, returned bounds
     backward = 4 + 4 + logp  # coefficient, upstream, gradient
     return loads + stores + backward
 

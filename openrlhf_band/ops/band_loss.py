@@ -7,7 +7,8 @@ Layout follows Liger-Kernel: the Triton kernels and their launchers, one autogra
 Forward, per token, from one load of (log_probs, old_log_probs, advantage, mask, delta):
     log-ratio clamped to [-20, 20] (as OpenRLHF), ratio, the band [lo, hi] from old_log_probs in
     registers for every built-in divergence, the clipped surrogate with optional dual-clip, the
-    clip flags, and the gradient coefficient d loss / d log_probs.
+    clip flags (four bool planes, `FORWARD_FLAG_BYTES_PER_TOKEN`, returned as they are), and the gradient
+    coefficient d loss / d log_probs.
 
 How the band is computed, chosen by bytes and flops per token on a GPU (an H200 moves ~4.8 TB/s
 and does ~34 fp64 / ~67 fp32 TFLOP/s; plain PPO clipping is memory-bound at ~34 B/token, forward
@@ -37,7 +38,7 @@ plus backward, i.e. ~7 ns per 1,000 tokens):
 * Any other registered divergence: bounds precomputed by `band_bounds` and read (8 B/token more).
 
 Options beyond the band, all in registers (no extra bytes per token): relax's union, the lower floor
-max(lo, F) after it (a float32 scalar; flag bit 8 marks a token clipped below only because of the
+max(lo, F) after it (a float32 scalar; the fourth flag marks a token clipped below only because of the
 floor), the upper cap, asymmetric radii (the lower root's radius as one float64 scalar for the closed
 forms, or the lower rows of its own table for kl / reverse_kl, whose coordinates are the same), and
 DPPO's ratio truncation (gradient weight min(r, c), which also passes beyond the log-ratio clamp, as
@@ -55,18 +56,24 @@ per token:
     recompute:   backward re-reads the same 17 B and solves the band again            = 21 B+
 so the coefficient moves the fewest bytes in total (16 vs 22 vs 21+) and leaves a backward that
 is a pure streaming multiply. The coefficient is 0 at masked, clipped and dual-clipped tokens and
-where the log-ratio clamp is active, so masked positions get exactly 0 whatever upstream holds.
+where the log-ratio clamp is active, so masked positions get exactly 0 whatever upstream holds. A backward
+kernel that fails to compile or launch is handled as the forward's (`fallback.run_backward_kernel`): with
+backend "auto" torch applies the same rule (warned once), with "triton" it raises.
 
 All loads are upcast (float32, float64 for the radius); offsets are int64 (more than 2^31 tokens
 are safe); (B, T) inputs are read through their strides (no copies for non-contiguous views);
 per-sequence advantages and radii are read with a zero column stride, a scalar radius with zero
 strides. A per-token radius that is <= 0, nan or inf, or for kl / reverse_kl outside
 PER_TOKEN_DELTA_RANGE, gives nan bounds for its token (masked tokens load 0.05 and stay exactly 0).
+NaN is handled as the torch reference handles it on every device: tl.minimum / tl.maximum on a value
+derived from the inputs pass propagate_nan=ALL (or sit behind an explicit v == v guard), because on a GPU
+they default to PTX min / max, which drop NaN, while Triton's interpreter keeps it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -81,6 +88,7 @@ from openrlhf_band.band.bounds import (
     spec_bounds_with_edge,
 )
 from openrlhf_band.band.spec import BandSpec, radius_view
+from openrlhf_band.ops.fallback import backward_kernel_variant, run_backward_kernel
 from openrlhf_band.ops.token_loss import LOG_RATIO_CLAMP, BandTokenLoss, broadcast_advantages
 
 # how the kernel gets the band: string options map to integer constexprs
@@ -93,6 +101,11 @@ BOUNDS_KINDS = (
 _IN_KERNEL_CLOSED_FORMS = {"tv": BOUNDS_TV, "chi2": BOUNDS_CHI2, "hellinger": BOUNDS_HELLINGER}
 _IN_KERNEL_SOLVERS = {"kl": BOUNDS_KL_SOLVE, "reverse_kl": BOUNDS_REVERSE_KL_SOLVE}
 _IN_KERNEL_TABLES = {"kl": BOUNDS_KL_TABLE, "reverse_kl": BOUNDS_EDGE_TABLE}
+
+# Bytes the forward kernel stores per token for the four flags (clipped_upper, clipped_lower, dual_clipped,
+# floor_clipped): one bool byte each, in planes [4, n] that are returned as they are, with no kernels after it.
+# bench/ imports it to count the kernel's real bytes per token.
+FORWARD_FLAG_BYTES_PER_TOKEN = 4
 
 # 1024 elements per program: enough independent loads in flight to saturate HBM on a GPU, and few
 # launches' worth of Python overhead for the CPU interpreter (~20 ms per program there).
@@ -129,7 +142,9 @@ _BACKWARD_WARPS = 4
 # because 64 is the edge where its per-token twin spilled. Only hellinger: for the other kinds the same ceiling
 # (128 at 16 warps, 255 at 8) removes no spill and costs occupancy in 82 pairs (bench/results/
 # aot_register_ceiling_triton-3.7.1.*, docs/kernel.md#warps-and-tokens-per-thread). AMD's backend has no
-# `maxnreg` (Triton refuses the keyword), so a ROCm build of torch launches without it.
+# `maxnreg` (Triton refuses the keyword), so a ROCm build of torch launches without it. Since the flag planes
+# and NaN rules of issue 61, ptxas left to itself gives that variant 70 registers and no spill at sm_80 and sm_89
+# (triton 3.7.1): the ceiling stays, as the guard against the squeeze, measured before that change.
 _CEILING_KINDS = (BOUNDS_HELLINGER,)
 _MAX_REGISTERS_PER_SM = 65536
 _CUDA_ONLY_LAUNCH_OPTIONS = ("maxnreg",)
@@ -167,8 +182,7 @@ def _horner(table_ptr, first_row, cells, idx, t, valid):
 def _table_position(u, u_min, cells_per_unit, cells):
     """(cell index, t in [0, 1]) of a float64 coordinate u; nan lands anywhere (its output is masked)."""
     pos = (u - u_min) * cells_per_unit
-    pos = tl.where(pos == pos, pos, 0.0)
-    pos = tl.minimum(tl.maximum(pos, 0.0), cells * 1.0)
+    pos = tl.minimum(tl.maximum(tl.where(pos == pos, pos, 0.0), 0.0), cells * 1.0)
     cell = tl.minimum(tl.floor(pos), cells - 1.0)
     return cell.to(tl.int64), pos - cell
 
@@ -212,7 +226,8 @@ def _started_lower_log_root(
     b = tl.exp(v0 + (v1 - v0) * tc)
     if not REVERSE:  # kl stores log(p b)
         b = b / p
-    b = tl.minimum(b, 1e300)  # b ~ delta / p overflows for p < ~1e-300; any b that large gives q = 0
+    # b ~ delta / p overflows for p < ~1e-300; any b that large gives q = 0 (nan stays nan, as torch.clamp)
+    b = tl.minimum(b, 1e300, propagate_nan=tl.PropagateNan.ALL)
     log_q = x - b
     lo = x - 2.0 * b  # the bracket [b0 / 2, 2 b0] of band.bounds._START_BRACKET
     hi = x - 0.5 * b
@@ -233,7 +248,9 @@ def _started_lower_log_root(
         # where it is nan (an infinite Newton step, p below ~1e-308, times f'' = 0 at q = 0), as band_bounds
         divisor = 1.0 - 0.5 * step * d2 / d1
         step = step / tl.where(divisor >= 0.5, divisor, 0.5)
-        log_q = tl.minimum(tl.maximum(log_q - step, lo), hi)
+        # torch.minimum / torch.maximum's rule: a nan step or bracket gives a nan log q (PTX min / max would drop it)
+        log_q = tl.minimum(tl.maximum(log_q - step, lo, propagate_nan=tl.PropagateNan.ALL), hi,
+                           propagate_nan=tl.PropagateNan.ALL)  # fmt: skip
     return log_q
 
 
@@ -302,12 +319,12 @@ def _band(
             at_edge = q1 * inv_p <= delta
             lo = tl.where(p / q1 <= delta_lo, 0.0, 1.0 - tl.sqrt(delta_lo * q1 * inv_p))
         else:  # hellinger: (sqrt p cos -+ sqrt(1 - p) sin)^2 / p, cos = 1 - d / 2, sin = sqrt(d (4 - d)) / 2
-            d = tl.minimum(delta, 4.0)
+            d = tl.minimum(delta, 4.0, propagate_nan=tl.PropagateNan.ALL)  # a nan radius stays nan (torch.clamp)
             along = tl.sqrt(p) * (1.0 - 0.5 * d)
             across = tl.sqrt(q1) * (0.5 * tl.sqrt(d * (4.0 - d)))
             upper = (along + across) * (along + across) * inv_p
             at_edge = 2.0 * q1 / (1.0 + tl.sqrt(p)) <= delta
-            d_lo = tl.minimum(delta_lo, 4.0)
+            d_lo = tl.minimum(delta_lo, 4.0, propagate_nan=tl.PropagateNan.ALL)
             along_lo = tl.sqrt(p) * (1.0 - 0.5 * d_lo)
             across_lo = tl.sqrt(q1) * (0.5 * tl.sqrt(d_lo * (4.0 - d_lo)))
             lo = tl.where(2.0 * p / (1.0 + tl.sqrt(q1)) <= delta_lo, 0.0,
@@ -374,27 +391,30 @@ def _band_loss_fwd_kernel(
     log_ratio = tl.where(raw == raw, tl.minimum(tl.maximum(raw, -LR_CLAMP), LR_CLAMP), raw)
     ratio = tl.exp(log_ratio)
 
-    x = tl.minimum(old, 0.0)  # log p slightly above 0 from rounding counts as p = 1
-    x = tl.where(old == old, x, old)  # keep nan as nan (min(nan, 0) may drop it)
+    # log p slightly above 0 from rounding counts as p = 1; nan stays nan (PTX min would drop it)
+    x = tl.where(old == old, tl.minimum(old, 0.0), old)
     lo, hi, at_edge = _band(
         x.to(tl.float64), delta, delta_lo, lo_ptr, hi_ptr, offs, valid, table_ptr, cells, u_min, cells_per_unit,
         rows, cells, s_min, s_per_unit, KIND, STEPS,
     )  # fmt: skip
     # a per-token radius <= 0, nan, inf, or outside the per-token solver's range: a nan band
-    bad_delta = ~(delta > 0.0) | ~(delta >= delta_min) | ~(delta <= delta_max)
+    bad_delta = ~(delta > 0.0) | ~(delta >= delta_min) | ~(delta <= delta_max) | (delta == float("inf"))
     lo = tl.where(bad_delta, float("nan"), lo)
     hi = tl.where(bad_delta, float("nan"), hi)
     at_edge = at_edge & ~bad_delta
+    # relax, floor and cap keep a nan bound nan, as torch.clamp does in band_bounds: on a GPU tl.minimum /
+    # tl.maximum default to PropagateNan.NONE (PTX min / max: min(nan, 10) = 10), in the interpreter to numpy's
+    # nan-keeping ones, so every min / max on an input-derived value says ALL (tests/ops/test_kernel_nan_semantics.py)
     if HAS_RELAX:
-        lo = tl.minimum(lo, relax_lo)
+        lo = tl.minimum(lo, relax_lo, propagate_nan=tl.PropagateNan.ALL)
         at_edge = at_edge & (hi >= relax_hi)
-        hi = tl.maximum(hi, relax_hi)
+        hi = tl.maximum(hi, relax_hi, propagate_nan=tl.PropagateNan.ALL)
     band_lo = lo
     if HAS_FLOOR:  # after relax, as band_bounds; a nan bound stays nan (torch.clamp's rule)
         lo = tl.maximum(lo, lower_floor, propagate_nan=tl.PropagateNan.ALL)
     if HAS_CAP:
         at_edge = at_edge & (hi <= upper_cap)
-        hi = tl.minimum(hi, upper_cap)
+        hi = tl.minimum(hi, upper_cap, propagate_nan=tl.PropagateNan.ALL)
     # at the simplex edge hi = 1/p the clip decision is made where it is exact, in log space:
     # log r > -log p, i.e. q > 1 (float32 exp(log q - log p) at q = 1 can round above float32(1/p))
     hi_loss = tl.where(at_edge & (log_ratio <= -x), float("inf"), hi)
@@ -408,11 +428,25 @@ def _band_loss_fwd_kernel(
     surr1 = ratio * adv
     surr2 = clamped * adv
     objective = tl.minimum(surr1, surr2, propagate_nan=tl.PropagateNan.ALL)
-    weight = tl.where(surr1 < surr2, 1.0, tl.where(surr2 < surr1, in_band.to(tl.float32), 0.0))
-    weight = tl.where(surr1 == surr2, 0.5 + 0.5 * in_band.to(tl.float32), weight)
+    # torch.minimum's backward: surr1 gets the gradient unless surr1 > surr2, surr2 unless surr1 < surr2, each
+    # half where they are equal; a nan side compares false both ways, so both get all of it (surr2's then stops at
+    # the clamp outside the band, which a nan bound always is: a nan band gives -r A, as on the torch path)
+    share = tl.where(surr1 == surr2, 0.5, 1.0)
+    weight = tl.where(surr1 > surr2, 0.0, share) + tl.where(surr1 < surr2, 0.0, share) * in_band.to(tl.float32)
     clipped_upper = valid & (adv > 0) & (ratio > hi_loss)
     clipped_lower = valid & (adv < 0) & (ratio < lo)
     floor_clipped = clipped_lower & (ratio >= band_lo)  # band_lo is lo without a floor: never true then
+    # the flags as bool planes [4, n_elements] of 0 / 1 bytes, returned as they are (no kernels after this one),
+    # each stored as soon as it is known. Stored together at the end, the four stores cost 47 (variant, target)
+    # pairs of the full ahead-of-time set (triton 3.7.1) their second block per SM and 9 of them a 4 B spill;
+    # stored here, 14 lose it (chi2 at sm_120, hellinger with every option at sm_100) and none spills.
+    # A pointer step per plane: k * n_elements could overflow an int32 n_elements.
+    flag_ptrs = flags_ptr + offs
+    tl.store(flag_ptrs, clipped_upper.to(tl.int8), mask=in_range)
+    flag_ptrs += n_elements
+    tl.store(flag_ptrs, clipped_lower.to(tl.int8), mask=in_range)
+    flag_ptrs += n_elements  # dual_clipped's plane, stored below
+    tl.store(flag_ptrs + n_elements, floor_clipped.to(tl.int8), mask=in_range)
     if HAS_DUAL:
         floor = dual_clip * adv
         dual = valid & (adv < 0) & (floor > objective)
@@ -420,6 +454,7 @@ def _band_loss_fwd_kernel(
         objective = tl.where(dual, floor, objective)
     else:
         dual = offs < 0  # all false, same shape (adv != adv would be true at a nan advantage)
+    tl.store(flag_ptrs, dual.to(tl.int8), mask=in_range)
     loss = tl.where(valid, -objective, 0.0)
     # the log-ratio clamp passes the gradient only inside [-20, 20] (a nan log-ratio: none); with the
     # truncation (DPPO's weight min(r, c), as verl's) everywhere: beyond it the weight is min(e^+-20, c)
@@ -427,18 +462,15 @@ def _band_loss_fwd_kernel(
         weight = tl.where(valid & (raw == raw), weight, 0.0)
     else:
         weight = tl.where(valid & (raw >= -LR_CLAMP) & (raw <= LR_CLAMP), weight, 0.0)
-    # d loss / d log pi; nan where A is nan (0 * nan), as on the torch path
+    # d loss / d log pi; nan where A is nan and the gradient passes, as on the torch path
     if HAS_TRUNC:  # DPPO's truncated importance weight min(r, c) in place of r (nan stays nan)
         coef = tl.where(valid, -tl.minimum(ratio, ratio_truncation, propagate_nan=tl.PropagateNan.ALL) * adv * weight,
                         0.0)  # fmt: skip
-    else:
-        coef = tl.where(valid, -ratio * adv * weight, 0.0)
+    else:  # a zero weight (the clamp, a clip) gives 0 as torch's does, not a nan ratio or advantage times 0
+        coef = tl.where(valid & (weight != 0.0), -ratio * adv * weight, 0.0)
 
     tl.store(loss_ptr + offs, loss, mask=in_range)
     tl.store(coef_ptr + offs, coef, mask=in_range)
-    flags = clipped_upper.to(tl.int8) + 2 * clipped_lower.to(tl.int8) + 4 * dual.to(tl.int8)
-    flags += 8 * floor_clipped.to(tl.int8)
-    tl.store(flags_ptr + offs, flags, mask=in_range)
     if STORE_BOUNDS:
         tl.store(out_lo_ptr + offs, tl.where(valid, lo, 1.0), mask=in_range)
         tl.store(out_hi_ptr + offs, tl.where(valid, hi, 1.0), mask=in_range)
@@ -463,14 +495,26 @@ def _as_2d(t: Tensor, shape: torch.Size) -> Tensor:
     return t.reshape(shape) if t.dim() != 2 else t
 
 
+class _Config(NamedTuple):
+    """What the autograd Function passes from the entry point to the launchers (one non-tensor argument)."""
+
+    spec: BandSpec
+    radius: Tensor | None
+    dual_clip: float | None
+    return_bounds: bool
+    bounds: tuple[Tensor, Tensor] | None  # given bounds, float32 and (B, T)-shaped, or None
+    backend: str  # "triton" or "auto": what a backward kernel failure does (`fallback.run_backward_kernel`)
+
+
 class BandLossFunction(torch.autograd.Function):
     """Autograd glue: forward runs the fused kernel, backward multiplies by the stored coefficient."""
 
     @staticmethod
-    def forward(ctx, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, action_mask, config):
+    def forward(ctx, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, action_mask, config: _Config):
         loss, coef, flags, lower, upper = _launch_forward(log_probs, old_log_probs, advantages, action_mask, config)
         ctx.save_for_backward(coef)
         ctx.log_probs_dtype, ctx.log_probs_shape = log_probs.dtype, log_probs.shape
+        ctx.backend = config.backend
         ctx.mark_non_differentiable(flags)
         if lower is not None:
             ctx.mark_non_differentiable(lower, upper)
@@ -479,26 +523,48 @@ class BandLossFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_flags, _grad_lower, _grad_upper):
         (coef,) = ctx.saved_tensors
-        grad = torch.empty(coef.shape, dtype=ctx.log_probs_dtype, device=coef.device)
         grad_loss = grad_loss.reshape(coef.shape) if grad_loss.dim() != 2 else grad_loss
-        n = coef.numel()
-        if n:
-            _band_loss_bwd_kernel[(triton.cdiv(n, _BLOCK),)](
-                grad_loss,
-                coef,
-                grad,
-                n,
-                grad_loss.stride(0),
-                grad_loss.stride(1),
-                coef.shape[1],
-                BLOCK=_BLOCK,
-                num_warps=_BACKWARD_WARPS,
-            )
+        dtype = ctx.log_probs_dtype
+        variant = backward_kernel_variant(coef.device, dtype, grad_loss.dtype)
+        grad = run_backward_kernel(
+            lambda: _launch_backward(grad_loss, coef, dtype),
+            lambda: _backward_reference(grad_loss, coef, dtype),
+            variant,
+            ctx.backend,
+        )
         return grad.reshape(ctx.log_probs_shape), None, None, None, None
 
 
-def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
-    spec, radius, dual_clip, return_bounds, given_bounds = config
+def _launch_backward(grad_loss: Tensor, coef: Tensor, dtype: torch.dtype) -> Tensor:
+    """grad = upstream * coef by `_band_loss_bwd_kernel` ((B, T) upstream read through its strides)."""
+    grad = torch.empty(coef.shape, dtype=dtype, device=coef.device)
+    n = coef.numel()
+    if n:
+        _band_loss_bwd_kernel[(triton.cdiv(n, _BLOCK),)](
+            grad_loss,
+            coef,
+            grad,
+            n,
+            grad_loss.stride(0),
+            grad_loss.stride(1),
+            coef.shape[1],
+            BLOCK=_BLOCK,
+            num_warps=_BACKWARD_WARPS,
+        )
+    return grad
+
+
+def _backward_reference(grad_loss: Tensor, coef: Tensor, dtype: torch.dtype) -> Tensor:
+    """The backward kernel's rule in torch, for when that kernel fails: upstream (as float32) times the
+    coefficient, and exactly 0 where the coefficient is 0 whatever upstream holds there (0 * nan must not
+    leak into masked tokens); rounded once to log_probs' dtype."""
+    return torch.where(coef != 0.0, grad_loss.float() * coef, 0.0).to(dtype)
+
+
+def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config: _Config):
+    spec, radius, dual_clip, return_bounds, given_bounds = (
+        config.spec, config.radius, config.dual_clip, config.return_bounds, config.bounds,
+    )  # fmt: skip
     divergence, upper_cap, relax = spec.divergence, spec.upper_cap, spec.relax
     lower_floor, ratio_truncation = spec.lower_floor, spec.ratio_truncation
     # no second radius to read: given bounds, or the symmetric band
@@ -516,7 +582,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     device = logp.device
     loss = torch.empty(shape2d, dtype=torch.float32, device=device)
     coef = torch.empty(shape2d, dtype=torch.float32, device=device)
-    flags = torch.empty(shape2d, dtype=torch.int8, device=device)
+    flags = torch.empty((4,) + tuple(shape2d), dtype=torch.bool, device=device)  # one plane per flag
     out_lo = torch.empty(shape2d, dtype=torch.float32, device=device) if return_bounds else loss
     out_hi = torch.empty(shape2d, dtype=torch.float32, device=device) if return_bounds else loss
 
@@ -568,7 +634,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
     if n:
         _band_loss_fwd_kernel[(triton.cdiv(n, _BLOCK),)](
             logp, old, adv, mask, delta_2d, lower_delta_t, lo_pre, hi_pre, table,
-            loss, coef, flags, out_lo, out_hi,
+            loss, coef, flags.view(torch.int8), out_lo, out_hi,
             n, shape2d[1],
             logp.stride(0), logp.stride(1), old.stride(0), old.stride(1),
             adv.stride(0), adv.stride(1), mask_strides[0], mask_strides[1], delta_2d.stride(0), delta_2d.stride(1),
@@ -588,7 +654,7 @@ def _launch_forward(log_probs, old_log_probs, advantages, action_mask, config):
         )  # fmt: skip
     shape = log_probs.shape
     bounds = (out_lo.reshape(shape), out_hi.reshape(shape)) if return_bounds else (None, None)
-    return loss.reshape(shape), coef, flags.reshape(shape), *bounds
+    return loss.reshape(shape), coef, flags, *bounds
 
 
 def band_token_loss_triton(
@@ -602,9 +668,12 @@ def band_token_loss_triton(
     dual_clip: float | None = None,
     return_bounds: bool = False,
     bounds: tuple[Tensor | float, Tensor | float] | None = None,
+    backend: str = "triton",
 ) -> BandTokenLoss:
     """The fused kernel path of `openrlhf_band.functional.band_token_loss_from_spec` (same arguments
-    and outputs; the spec is validated when built, the rest by the dispatcher)."""
+    and outputs; the spec is validated when built, the rest by the dispatcher). `backend` says what a
+    failure of the backward kernel does (the dispatcher's choice; the forward's is `fallback.run_kernel`'s):
+    "triton" raises RuntimeError, "auto" computes the gradient in torch by the same rule, warned once."""
     if bounds is not None:  # used as given: the kernel reads them, no cap or relax on top
         shape2d = log_probs.shape if log_probs.dim() == 2 else torch.Size((1, log_probs.numel()))
         bounds = tuple(
@@ -612,6 +681,7 @@ def band_token_loss_triton(
             .reshape(shape2d).contiguous()
             for b in bounds
         )  # fmt: skip
-    config = (spec, radius, dual_clip, return_bounds, bounds)
+    config = _Config(spec, radius, dual_clip, return_bounds, bounds, backend)
     loss, flags, lower, upper = BandLossFunction.apply(log_probs, old_log_probs, advantages, action_mask, config)
-    return BandTokenLoss(loss, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, lower, upper, (flags & 8) != 0)
+    clipped_upper, clipped_lower, dual_clipped, floor_clipped = (plane.reshape(log_probs.shape) for plane in flags)
+    return BandTokenLoss(loss, clipped_upper, clipped_lower, dual_clipped, lower, upper, floor_clipped)

@@ -1,7 +1,9 @@
 """The fused kernel's fallback policy: which failures mean "the kernel cannot be built or
 launched here" (fall back to the torch reference, warned once per process and kernel variant, with
 backend="auto"; raised with backend="triton"), and which must propagate (a bad input, a full GPU).
-The dispatcher (`openrlhf_band.functional`) asks `run_kernel` for the kernel's result.
+The dispatcher (`openrlhf_band.functional`) asks `run_kernel` for the kernel's result; the autograd
+Function's backward asks `run_backward_kernel` for the gradient (the same policy for the backward
+kernel, which first compiles there, inside autograd).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -114,12 +117,12 @@ def _is_kernel_failure(err: BaseException) -> bool:
     return _raised_inside_triton(err)
 
 
-def _failure_message(err: BaseException, variant: tuple) -> str:
+def _failure_message(err: BaseException, variant: tuple, kernel: str = "kernel") -> str:
     text = str(err)
     if len(text) > _MAX_ERROR_CHARS:
         text = text[:_MAX_ERROR_CHARS] + " [...]"
     return (
-        f"openrlhf_band: the fused Triton kernel of band_token_loss failed to compile or launch "
+        f"openrlhf_band: the fused Triton {kernel} of band_token_loss failed to compile or launch "
         f"(device, dtypes and options: {variant}): {type(err).__name__}: {text}"
     )
 
@@ -138,12 +141,12 @@ def _try_kernel(args: tuple, options: dict, variant: tuple, backend: str) -> Ban
     """The kernel's result, or None after a kernel failure with backend="auto" (warned once for
     this variant); with backend="triton" a failure raises RuntimeError. Anything that is not a
     kernel failure (`_is_kernel_failure`) propagates unchanged. This covers the forward launch
-    (where the fused kernel compiles); the backward kernel runs later, inside autograd, and is
-    not covered."""
+    (where the fused kernel compiles); the backward kernel runs later, inside autograd, under
+    `run_backward_kernel` (told the backend through the autograd Function's config)."""
     try:
         from openrlhf_band.ops.band_loss import band_token_loss_triton
 
-        return band_token_loss_triton(*args, **options)
+        return band_token_loss_triton(*args, **options, backend=backend)
     except Exception as err:
         # an ImportError: no or a broken triton (the kernel module's import, or a backend Triton
         # imports lazily when it compiles)
@@ -160,3 +163,37 @@ def _try_kernel(args: tuple, options: dict, variant: tuple, backend: str) -> Ban
             stacklevel=3,
         )
         return None
+
+
+def backward_kernel_variant(device: torch.device, grad_dtype: torch.dtype, upstream_dtype: torch.dtype) -> tuple:
+    """What one compilation of the backward kernel depends on: the device and the dtypes it reads and
+    writes (the coefficient is always float32). Tagged "backward": no forward variant equals it."""
+    return ("backward", str(device), grad_dtype, upstream_dtype)
+
+
+def run_backward_kernel(
+    launch: Callable[[], Tensor], reference: Callable[[], Tensor], variant: tuple, backend: str
+) -> Tensor:
+    """The gradient from the backward kernel (`launch`), or, after a kernel failure with backend="auto",
+    from `reference`, the same rule in torch (grad = upstream * coef where coef != 0, else 0): warned once
+    for this variant, which then goes straight to torch in this process. With backend="triton" a kernel
+    failure raises RuntimeError; anything that is not a kernel failure propagates unchanged."""
+    if backend != "triton" and variant in _FAILED_VARIANTS:
+        return reference()
+    try:
+        return launch()
+    except Exception as err:
+        if not _is_kernel_failure(err):
+            raise
+        message = _failure_message(err, variant, kernel="backward kernel")
+        if backend == "triton":
+            raise RuntimeError(f"{message}. To use the torch reference instead, {_SILENCE_HINT}.") from err
+        _FAILED_VARIANTS[variant] = message
+        warnings.warn(
+            f"{message}. The torch path computed the gradient instead (the kernel's rule: upstream times the "
+            f"coefficient the forward kernel stored; same gradient, slower), and does for this variant from now "
+            f"on. To silence this warning, {_SILENCE_HINT}.",
+            BandKernelFallbackWarning,
+            stacklevel=2,
+        )
+        return reference()

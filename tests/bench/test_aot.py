@@ -155,18 +155,20 @@ _CEILING = """
 """
 
 
-def test_the_register_ceiling_removes_the_hellinger_spill_and_amd_launches_without_it():
+def test_the_register_ceiling_keeps_hellinger_unspilled_and_amd_launches_without_it():
     """hellinger with every option and a per-token radius at sm_80 and sm_89: given the ceiling ptxas spills
-    nothing within 128 registers. Under the pinned triton (3.7.1) ptxas left to itself squeezes it into 64
-    registers and spills: the defect the ceiling fixes (another ptxas may not, so that half is pinned to it).
-    On AMD the launch carries no maxnreg and compiles."""
+    nothing within 128 registers. Without it, under the pinned triton (3.7.1), ptxas squeezed the kernel of
+    c98439d-80f9ce2 into 64 registers and spilled (bench/results/aot_register_ceiling_triton-3.7.1.json); since
+    the flags are stored as bool planes, each where it is known (issue 61), ptxas alone fits it without a spill
+    too, above 64 registers: the ceiling stays as the guard for the next change (another ptxas may differ, so
+    that half is pinned to 3.7.1). On AMD the launch carries no maxnreg and compiles."""
     r = _run_python(_CEILING)
     for target in ("80", "89"):
         ok, registers, spilled, error = r[f"ceiling@{target}"]
         assert ok and 64 < registers <= 128 and spilled == 0, (target, r)
         if r["triton"] == "3.7.1":
             ok, registers, spilled, error = r[f"ptxas@{target}"]
-            assert ok and registers == 64 and spilled > 0, (target, r)
+            assert ok and registers > 64 and spilled == 0, (target, r)
     assert r["amd"][0], r["amd"]
 
 
