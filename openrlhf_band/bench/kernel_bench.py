@@ -31,13 +31,6 @@ from openrlhf_band.bench.common import (
 )
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP, band_token_loss_reference
 
-# bytes the fused kernels move per token: forward reads log_probs, old (4 + 4), advantage (4),
-# mask (1) and writes loss (4), grad coefficient (4), flags (1); backward reads coefficient and
-# upstream gradient and writes the gradient (4 + 4 + 4)
-FUSED_FORWARD_BYTES_PER_TOKEN = 22
-FUSED_BACKWARD_BYTES_PER_TOKEN = 12
-PER_TOKEN_DELTA_BYTES = 4  # a float32 radius per token, read by the forward
-
 
 def ppo_clip_token_loss(log_probs, old_log_probs, advantages, eps_low=0.2, eps_high=0.2):
     """OpenRLHF 0.11.2 PolicyLoss.forward's per-token loss ("ppo", no dual-clip), before aggregation."""
@@ -159,14 +152,17 @@ def run(num_tokens: int, repeats: int, device: torch.device, divergences, thread
         blob = torch.empty(num_tokens * 8, dtype=torch.uint8, device=device)
         copy_ms = time_side_by_side({"copy": lambda: blob.clone()}, device, repeats)["copy"]["median_ms"]
         copy_bytes_per_s = 2 * blob.numel() / (copy_ms / 1e3)
+        from openrlhf_band.bench.gpu_speed import kernel_bytes_per_token  # the kernel's real bytes, from the tensors
+
         n = log_probs.numel()
+        _, old, adv, mask, _ = inputs
         for div in divergences:
-            for suffix, extra in (("", 0), ("-pt", PER_TOKEN_DELTA_BYTES)):
+            for suffix, radius in (("", 0.05), ("-pt", per_token_delta(old))):
                 name = f"fused-{div}{suffix}"
                 if name not in results["forward"]:
                     continue
                 fwd = results["forward"][name]["median_ms"] / 1e3
-                moved = (FUSED_FORWARD_BYTES_PER_TOKEN + extra) * n
+                moved = kernel_bytes_per_token(log_probs, old, adv, mask, radius) * n
                 bandwidth[f"{name} forward"] = {
                     "bytes_per_s": moved / fwd,
                     "fraction_of_copy": moved / fwd / copy_bytes_per_s,

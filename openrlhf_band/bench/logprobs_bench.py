@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--openrlhf-max-tokens", type=int, default=None,
         help="skip OpenRLHF's path above this N (default: where its logits, ~13 B x N x V, fit in 80%% of the "
-        "device's memory)",
+        "device's memory; 0: the fused path only, OpenRLHF not needed)",
     )  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="logprobs", help="result file stem under the results folder")
@@ -203,7 +203,8 @@ def _max_diff(a, b) -> float | None:
 def main(args: argparse.Namespace) -> int:
     if args.worker:
         return _worker(args)
-    if not os.environ.get("OPENRLHF_UTILS_PY"):  # the baseline's workers need OpenRLHF's functions
+    # the baseline's workers need OpenRLHF's functions (not with --openrlhf-max-tokens 0: the fused path only)
+    if not os.environ.get("OPENRLHF_UTILS_PY") and args.openrlhf_max_tokens != 0:
         require_modules("openrlhf")
     device = torch.device(args.device)
     limit = args.openrlhf_max_tokens

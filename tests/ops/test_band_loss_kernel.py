@@ -10,6 +10,10 @@ process), it is reloaded so that its kernels are interpreted; the dispatcher imp
 from ``sys.modules``, so it picks up the reloaded kernels. Each test also pins the variable with
 ``monkeypatch`` (autouse fixture), because the dispatcher re-reads it at call time for CPU tensors.
 
+With OPENRLHF_BAND_TEST_DEVICE=cuda the same tests run on a GPU instead: the kernel compiled for it,
+both backends on CUDA tensors (tests/support/kernel_device.py); the tests of the interpreter's own
+rules are skipped there.
+
 Test inputs keep every ratio at least ``MARGIN`` (in log space) away from the bounds, from the
 dual-clip threshold and from the +-20 log-ratio clamp: both backends round a float64 band to
 float32, but by different routes (kernel tables or solver vs band_bounds), so a ratio within a
@@ -20,33 +24,33 @@ except for two long-row cases.
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from dataclasses import dataclass, replace
 
-os.environ["TRITON_INTERPRET"] = "1"  # before openrlhf_band.ops.band_loss is imported (see above)
+from kernel_device import ON_CUDA, kernel_module, on_device, pin_interpreter, prepare_environment
+
+prepare_environment()  # before openrlhf_band.ops.band_loss is imported (see above)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+from kernel_device import skip_module_without_device  # noqa: E402
+
+skip_module_without_device()
 
 import openrlhf_band.functional as functional  # noqa: E402
-import openrlhf_band.ops.band_loss as band_loss_module  # noqa: E402
 from openrlhf_band import DIVERGENCES, band_bounds  # noqa: E402
 from openrlhf_band.functional import band_token_loss  # noqa: E402
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP  # noqa: E402
 
-if not isinstance(band_loss_module._band_loss_fwd_kernel, InterpretedFunction):
-    band_loss_module = importlib.reload(band_loss_module)
-assert isinstance(band_loss_module._band_loss_fwd_kernel, InterpretedFunction)
-assert isinstance(band_loss_module._band_loss_bwd_kernel, InterpretedFunction)
+band_loss_module = kernel_module()
+band_token_loss = on_device(band_token_loss)  # noqa: F811 - the same function, on the tests' device
+cpu_only = pytest.mark.skipif(ON_CUDA, reason="a rule of the CPU interpreter path")
 
 
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pin_interpreter(monkeypatch)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -684,6 +688,7 @@ def test_shape_mismatches(what, shape, backend):
         band_token_loss(lp, old, adv, mask, backend=backend)
 
 
+@cpu_only
 @pytest.mark.parametrize("value", [None, "0"])
 def test_triton_on_cpu_needs_interpreter(monkeypatch, value):
     """The dispatcher reads TRITON_INTERPRET at call time: without "1", a CPU tensor is refused."""
@@ -762,6 +767,7 @@ def _oracle_pairs(seed: int) -> list[tuple[float, float]]:
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 def test_kernel_band_against_the_oracle(divergence, per_token):
     """The kernel's own band (returned bounds) within 1e-6 max(exact, 1) of the exact roots."""
+    pytest.importorskip("mpmath")  # the oracle (tests/support/band_exact.py); absent from bare GPU images
     import band_exact as X
 
     pairs = _oracle_pairs(seed=DIVERGENCES.index(divergence))
@@ -832,6 +838,7 @@ KL_EDGE_GRID = [math.log1p(-(10.0 ** (-k / 7))) for k in range(7, 60)]
 @pytest.mark.parametrize("delta", [0.05, 0.003])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_kl_bound_that_rounds_to_the_edge_is_the_edge(delta, per_token, backend):
+    pytest.importorskip("mpmath")  # the oracle (tests/support/band_exact.py); absent from bare GPU images
     import band_exact as X
 
     old = torch.tensor(KL_EDGE_GRID, dtype=torch.float32)
@@ -856,6 +863,7 @@ def test_kl_bound_that_rounds_to_the_edge_is_the_edge(delta, per_token, backend)
 def test_kernel_per_token_band_over_the_whole_radius_range(divergence):
     """The kernel's start table and Halley steps over PER_TOKEN_DELTA_RANGE ([1e-8, 10]) against the
     60-digit roots, p near reverse_kl's saturation edges included; just outside the range: nan."""
+    pytest.importorskip("mpmath")  # the oracle (tests/support/band_exact.py); absent from bare GPU images
     import band_exact as X
     from band_samples import whole_range_pairs
 

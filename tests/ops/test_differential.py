@@ -22,32 +22,39 @@ positions must be exactly 0 in loss and gradient on both backends. Bounds agree 
 (1e-6 absolute for tiny lower bounds): the kernel and band_bounds reach the float64 band by
 different routes before rounding once to float32.
 
+With OPENRLHF_BAND_TEST_DEVICE=cuda the sweep runs on a GPU instead (tests/support/kernel_device.py):
+the kernel compiled for it against the reference on CUDA tensors, the near-bound allowance widened to
+the device's float32 exp (NEAR_ULPS below).
+
 Runtime: ~1-2 minutes in the interpreter (each case is one forward and one backward launch of
 8-16 programs per backend).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from dataclasses import dataclass
 from functools import cache
 
-os.environ["TRITON_INTERPRET"] = "1"  # before openrlhf_band.ops.band_loss is imported
+from kernel_device import DEVICE, ON_CUDA, kernel_module, on_device, pin_interpreter, prepare_environment
+
+prepare_environment()  # before openrlhf_band.ops.band_loss is imported
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from kernel_device import skip_module_without_device  # noqa: E402
 
-import openrlhf_band.ops.band_loss as band_loss_module  # noqa: E402
+skip_module_without_device()
+
 from openrlhf_band import DIVERGENCES, band_bounds  # noqa: E402
 from openrlhf_band.functional import band_token_loss  # noqa: E402
 from openrlhf_band.ops.reference import LOG_RATIO_CLAMP  # noqa: E402
 
-if not isinstance(band_loss_module._band_loss_fwd_kernel, InterpretedFunction):
-    band_loss_module = importlib.reload(band_loss_module)
+band_loss_module = kernel_module()
+band_token_loss = on_device(band_token_loss)  # noqa: F811 - the same function, on the tests' device
 
 FLAGS = ("clipped_upper", "clipped_lower", "dual_clipped", "floor_clipped")
 TINY = 2.0**-149  # smallest float32 denormal
@@ -68,11 +75,17 @@ PLACE_ULPS = 2
 # glibc) to 1 ulp, so the two may lie up to 3 float32 steps apart (2 measured on x86-64); the
 # comparison of exact decisions starts at 4 steps away.
 NEAR_ULPS = 3
+# On a CUDA device (OPENRLHF_BAND_TEST_DEVICE=cuda) Triton lowers float32 tl.exp(x) to ex2.approx.f32(x log2 e):
+# the product's rounding (2^-24 |x log2 e| in the exponent) moves the result by up to |x| 2^-24 relative, at
+# most |x| <= 20 ulps at the +-20 clamp, plus ex2.approx's 2 ulps; CUDA's expf (torch) is within 2 ulps:
+# 24 steps.
+if ON_CUDA:
+    NEAR_ULPS = 24
 
 
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pin_interpreter(monkeypatch)
 
 
 @dataclass(frozen=True)
@@ -272,7 +285,8 @@ def _ratio(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     (masked positions: 1 and 0)."""
     mask = case["mask"]
     raw = torch.where(mask, case["log_probs"].float(), 0.0) - torch.where(mask, case["old"], 0.0)
-    return torch.exp(raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), raw
+    # on the tests' device: the reference's exp is that device's
+    return torch.exp(raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).to(DEVICE)).cpu(), raw
 
 
 def _near(ratio: torch.Tensor, edges: list[torch.Tensor]) -> torch.Tensor:
@@ -350,16 +364,28 @@ def _assert_grad_close(kgrad, rgrad, ratio, upstream, where, dtype, what: str = 
     )
 
 
-def _interpreter_exp_agrees(raw: torch.Tensor) -> torch.Tensor:
-    """Where numpy's float32 exp (what tl.exp runs in the interpreter) equals torch's."""
+@triton.jit
+def _tl_exp_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.exp(tl.load(x_ptr + offs, mask=offs < n, other=0.0)), mask=offs < n)
+
+
+def _kernel_exp_agrees(raw: torch.Tensor) -> torch.Tensor:
+    """Where the kernel's float32 exp equals torch's on the tests' device: numpy's exp in the
+    interpreter (what tl.exp runs there); on CUDA, tl.exp as the device computes it."""
     x = raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.from_numpy(np.exp(x.numpy())) == torch.exp(x)
+    if not ON_CUDA:
+        return torch.from_numpy(np.exp(x.numpy())) == torch.exp(x)
+    x = x.contiguous().to(DEVICE)
+    out = torch.empty_like(x)
+    _tl_exp_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    return (out == torch.exp(x)).cpu()
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_near_bound_where_ratio_and_bound_agree(cfg: Config):
-    """The tolerance above is only for the ulp the interpreter's exp can be off. Where both
-    backends provably see the same float32 ratio (numpy's exp equals torch's on that log-ratio)
+    """The tolerance above is only for the ulps the kernel's exp can be off. Where both
+    backends provably see the same float32 ratio (the kernel's exp equals torch's on that log-ratio)
     and the same float32 bounds, a token near a bound must be decided identically, ties included
     (r A == clip(r) A in float32 with r just outside the band: half the gradient, as torch.min)."""
     case = make_case(cfg)
@@ -367,7 +393,7 @@ def test_near_bound_where_ratio_and_bound_agree(cfg: Config):
     mask = case["mask"]
     ratio, raw = _ratio(case)
     near = _near(ratio, _edges(cfg, kres, rres)) & mask
-    same = near & _interpreter_exp_agrees(raw) & (kres.lower == rres.lower) & (kres.upper == rres.upper)
+    same = near & _kernel_exp_agrees(raw) & (kres.lower == rres.lower) & (kres.upper == rres.upper)
     assert same.sum() > 0.5 * near.sum()
     for name in FLAGS:
         k, r = getattr(kres, name), getattr(rres, name)
