@@ -1,15 +1,16 @@
 # GPU image for BandPO on OpenRLHF 0.11.2's Ray + vLLM + DeepSpeed hybrid engine.
 #
 #   docker build -t openrlhf-band .
-#   mkdir -p data runs results
+#   mkdir -p data runs results ~/.cache/huggingface
 #   docker run --gpus all --ipc=host -it -v "$PWD/data:/workspace/data" -v "$PWD/runs:/workspace/runs" \
-#     -v "$PWD/results:/workspace/results" openrlhf-band
+#     -v "$PWD/results:/workspace/results" -v "$HOME/.cache/huggingface:/workspace/huggingface" \
+#     -e HF_HOME=/workspace/huggingface -e HF_TOKEN openrlhf-band
 #
 # The container starts in the repository, /workspace/openrlhf-band, so README's GPU quick start runs as
 # written; its data, runs and results are links to /workspace/data, /workspace/runs and /workspace/results,
-# the three mounts above, so prepared data, every run's outputs (train.log, TensorBoard, checkpoints, the
-# model) and the results table outlive the container (tests/launcher/test_image_quick_start.py lays a tree out
-# from this file and runs the quick start in it).
+# three of the mounts above (the fourth keeps the Hugging Face cache on the host), so prepared data, every
+# run's outputs (train.log, TensorBoard, checkpoints, the model) and the results table outlive the container
+# (tests/launcher/test_image_quick_start.py lays a tree out from this file and runs the quick start in it).
 # --ipc=host: Ray's object store and NCCL use /dev/shm; Docker's 64 MB default breaks them (or
 # --shm-size=32g instead). Non-root: docker build --build-arg USER_UID=1000 ... runs as user "rl".
 #

@@ -2,7 +2,10 @@
 Dockerfile documents. Without Docker: a temporary tree is laid out as the Dockerfile lays the image out
 (its final WORKDIR, where `COPY . .` puts the repository, the links its RUN makes, its ENV), with the
 `-v` mounts of its header as folders, and README's quick-start commands run there verbatim (scripts with
-DRY_RUN=1; the commands that would download or need runs are checked for where their paths resolve)."""
+DRY_RUN=1; the commands that would download or need runs are checked for where their paths resolve).
+Every `docker run` of the image in README and docs/recipe.md also mounts a host folder where the image's
+Hugging Face cache is (HF_HOME, else the user's home) and passes HF_TOKEN, and the `--security-opt` flags
+they name for the code task are the ones docs/tasks.md's sandbox names."""
 
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ def image_layout() -> dict:
     copy_dest = None
     links: dict[str, str] = {}
     env: dict[str, str] = {}
+    user = "0"
     for op, args in instructions(DOCKERFILE):
         if op == "WORKDIR":
             workdir = workdir / args.strip()
@@ -56,30 +60,89 @@ def image_layout() -> dict:
         elif op == "ENV":
             for key, value in re.findall(r"(\w+)=(\S+)", args):
                 env[key] = value
+        elif op == "USER":
+            user = args.strip()
         elif op == "RUN":
             loop = re.search(r'for (\w+) in ([\w ]+); do .*?ln -s -T "([^"]*)\$\{\1\}" "\$\{\1\}"', args)
             if loop:
                 for name in loop.group(2).split():
                     links[str(workdir / name)] = loop.group(3) + name  # made in the RUN's working directory
     assert copy_dest is not None, "the Dockerfile has no `COPY . .` in its final stage"
-    return {"workdir": workdir, "repository": copy_dest, "links": links, "env": env}
+    user = re.sub(r"\$\{?(\w+)\}?", lambda m: args_default(m.group(1)), user)
+    return {"workdir": workdir, "repository": copy_dest, "links": links, "env": env, "user": user}
 
 
-def docker_run_mounts(text: str, where: str) -> dict[str, str]:
-    """The `-v "HOST:CONTAINER"` mounts of the `docker run ... openrlhf-band` command in `text` (its line
-    continuations already joined), as container path -> host path."""
-    run = re.search(r"docker run (.*?openrlhf-band)\n", text, re.DOTALL)
-    assert run, f"{where} shows no `docker run ... openrlhf-band`"
-    return {container: host for host, container in re.findall(r'-v "([^":]+):([^"]+)"', run.group(1))}
+def args_default(name: str) -> str:
+    """The default of the Dockerfile's `ARG NAME=default` (what a plain `docker build` uses)."""
+    found = re.search(rf"^ARG {name}=(\S*)", DOCKERFILE, re.MULTILINE)
+    assert found, f"no ARG {name}= in the Dockerfile"
+    return found.group(1)
+
+
+def docker_runs(text: str) -> list[list[str]]:
+    """The words of every `docker run ... openrlhf-band` in `text` (line continuations joined, a comment's `#`
+    after one too), from after `run` to the image's name."""
+    joined = re.sub(r"\\\n#?", " ", text)
+    runs = []
+    for match in re.finditer(r"docker run ([^\n]*?\bopenrlhf-band)\b", joined):
+        runs.append(shlex.split(match.group(1)))
+    return runs
+
+
+def docker_run(words: list[str]) -> dict:
+    """A `docker run`'s mounts (container path -> host path, `-v HOST:CONTAINER`) and environment (`-e NAME=VALUE`
+    -> VALUE, a bare `-e NAME` -> None: the host's value passed through)."""
+    mounts: dict[str, str] = {}
+    env: dict[str, str | None] = {}
+    for flag, value in zip(words, words[1:]):
+        if flag == "-v":
+            host, container = value.split(":")[:2]
+            mounts[container] = host
+        elif flag == "-e":
+            name, sep, setting = value.partition("=")
+            env[name] = setting if sep else None
+    return {"mounts": mounts, "env": env}
+
+
+def header_run() -> dict:
+    """The Dockerfile header's `docker run`."""
+    header = "\n".join(line for line in DOCKERFILE.splitlines() if line.startswith("#"))
+    runs = docker_runs(header)
+    assert runs, "the Dockerfile's header shows no `docker run ... openrlhf-band`"
+    return docker_run(runs[0])
+
+
+def hf_cache(run: dict) -> str:
+    """Where the hub libraries look in the container this `docker run` starts: its HF_HOME, else the image's
+    ENV HF_HOME, else ~/.cache/huggingface of the user the image runs as (root: /root; USER_UID: /home/rl)."""
+    if run["env"].get("HF_HOME"):
+        return run["env"]["HF_HOME"]
+    layout = image_layout()
+    if "HF_HOME" in layout["env"]:
+        return layout["env"]["HF_HOME"]
+    return ("/root" if layout["user"] in ("0", "root") else "/home/rl") + "/.cache/huggingface"
+
+
+def hf_problems(run: dict) -> list[str]:
+    problems = []
+    if "HF_TOKEN" not in run["env"]:
+        problems.append("no -e HF_TOKEN")
+    cache = hf_cache(run)
+    if cache not in run["mounts"]:
+        problems.append(f"no host folder mounted at the container's Hugging Face cache {cache}")
+    return problems
 
 
 def documented_mounts() -> dict[str, str]:
-    """The mounts of the Dockerfile header's `docker run` (container path -> host)."""
-    header = "\n".join(line for line in DOCKERFILE.splitlines() if line.startswith("#"))
-    return docker_run_mounts(header.replace("\\\n#", " "), "the Dockerfile's header")
+    """The folders the Dockerfile header mounts for the repository's data, runs and results (container path ->
+    host): its `docker run`'s mounts other than the Hugging Face cache."""
+    run = header_run()
+    return {c: h for c, h in run["mounts"].items() if c != hf_cache(run)}
 
 
 QUICK_START = README.split("## GPU quick start", 1)[1].split("\n## ", 1)[0]
+RECIPE = (REPO / "docs" / "recipe.md").read_text()
+TASKS = (REPO / "docs" / "tasks.md").read_text()
 
 
 def quick_start_commands() -> list[str]:
@@ -90,8 +153,68 @@ def quick_start_commands() -> list[str]:
 
 
 def test_readmes_docker_run_mounts_what_the_dockerfile_documents():
-    mounts = docker_run_mounts(QUICK_START.replace("\\\n", " "), "README's GPU quick start")
+    runs = docker_runs(QUICK_START)
+    assert runs, "README's GPU quick start shows no `docker run ... openrlhf-band`"
+    run = docker_run(runs[0])
+    mounts = {c: h for c, h in run["mounts"].items() if c != hf_cache(run)}
     assert mounts == documented_mounts() and len(mounts) == 3
+    header = header_run()
+    if hf_cache(header) in header["mounts"]:  # once the header shows the cache, the two agree on it as well
+        assert (hf_cache(run), run["mounts"][hf_cache(run)]) == (hf_cache(header), header["mounts"][hf_cache(header)])
+        assert run["env"] == header["env"]
+
+
+def image_docker_runs() -> dict[str, list[str]]:
+    """Every `docker run` of the image that README and docs/recipe.md show, by where it is."""
+    runs = {f"README #{i}": words for i, words in enumerate(docker_runs(README))}
+    runs.update({f"docs/recipe.md #{i}": words for i, words in enumerate(docker_runs(RECIPE))})
+    return runs
+
+
+def test_every_docker_run_mounts_the_hugging_face_cache_and_passes_the_token():
+    runs = image_docker_runs()
+    assert len(runs) >= 3, runs  # README's quick start, recipe's image and its multi-node container
+    assert {where: hf_problems(docker_run(words)) for where, words in runs.items()} == {where: [] for where in runs}
+    # the host side is the host's own cache, not a folder the run would fill from scratch
+    assert all(docker_run(w)["mounts"][hf_cache(docker_run(w))].endswith(".cache/huggingface") for w in runs.values())
+    # the recipe's image command is README's
+    assert docker_runs(RECIPE)[0] == docker_runs(QUICK_START)[0]
+
+
+def without_env(words: list[str], name: str) -> list[str]:
+    """`words` without the `-e NAME` / `-e NAME=...` pair."""
+    at = next(i for i, w in enumerate(words) if words[i - 1] == "-e" and w.partition("=")[0] == name)
+    return words[: at - 1] + words[at + 1 :]
+
+
+def test_the_hugging_face_check_can_fail():
+    words = docker_runs(QUICK_START)[0]
+    assert hf_problems(docker_run(words)) == []
+    assert hf_problems(docker_run(without_env(words, "HF_TOKEN"))) == ["no -e HF_TOKEN"]
+    elsewhere = [w.replace(":/workspace/huggingface", ":/root/.cache/huggingface") for w in words]
+    assert hf_problems(docker_run(elsewhere)) == [
+        "no host folder mounted at the container's Hugging Face cache /workspace/huggingface"
+    ]
+    # without HF_HOME the image's default applies, root's home, where README mounts nothing
+    assert hf_problems(docker_run(without_env(words, "HF_HOME"))) == [
+        "no host folder mounted at the container's Hugging Face cache /root/.cache/huggingface"
+    ]
+
+
+def security_opts(text: str) -> set[str]:
+    return set(re.findall(r"--security-opt (\w+=\w+)", text))
+
+
+def test_the_code_tasks_docker_flags_are_the_sandboxs():
+    """What README and the recipe tell a user to add to `docker run` for TASK=code is what docs/tasks.md's sandbox
+    needs, and both name the Ubuntu 24.04 host setting."""
+    needed = security_opts(TASKS.split("**Refusing to start.**", 1)[1].split("\n\n", 1)[0])
+    assert needed == {"seccomp=unconfined", "systempaths=unconfined", "apparmor=unconfined"}
+    assert security_opts(QUICK_START) == needed
+    assert security_opts(RECIPE.split("## Image", 1)[1].split("\n## ", 1)[0]) == needed
+    assert security_opts(QUICK_START.replace("apparmor=unconfined", "apparmor")) != needed  # it can fail
+    setting = "kernel.apparmor_restrict_unprivileged_userns=0"
+    assert setting in TASKS and setting in " ".join(QUICK_START.split()) and setting in " ".join(RECIPE.split())
 
 
 def test_the_dockerfile_is_read_as_the_image_is_laid_out():
