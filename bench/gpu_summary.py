@@ -68,8 +68,8 @@ def step_summary(work: Path, name: str) -> dict:
     status = read_json(work / f"{name}.status") or {"error": "no status: the step did not run"}
     log = (work / f"{name}.log").read_text(errors="replace") if (work / f"{name}.log").exists() else ""
     out = {"name": name, **status}
-    own = read_json(work / name / f"{name}.json") if (work / name).is_dir() else None
-    figures = {p.name: read_json(p) for p in sorted((work / name).glob("*.json"))} if (work / name).is_dir() else {}
+    figures = {p.name: read_json(p) for p in sorted((work / name).glob("*.json"))}  # none where no folder
+    own = figures.get(f"{name}.json")
     if "skipped" in status:
         out["status"] = "SKIPPED"
     elif "error" in status:

@@ -19,8 +19,8 @@ sequence, a bool mask, a float32 upstream gradient):
              medians marks the checks that divide by it "UNSTABLE"; they are judged on the mean)
   entry      forward and full (forward + `torch.autograd.grad(loss, log_probs, upstream)`) through
              `band_token_loss_triton`, the kernel's entry point
-  raw        `_launch_forward` (the forward kernel and its output allocations) and the backward
-             kernel launch alone, on a coefficient the forward stored
+  raw        `_launch_forward` and `_launch_backward` (each kernel and its output allocations), the
+             backward on a coefficient the forward stored
   copy       `dst.copy_(src)` of a 256 MiB uint8 buffer (dry run: 1 MiB), 2 x its size moved,
              timed first and last; the faster of the two is the bar
 Timers on CUDA: `triton.testing.do_bench(warmup=25, rep=100, return_mode="all")` (CUDA events, L2
@@ -118,8 +118,8 @@ def kernel_bytes_per_token(
     varies per token, 0 for one per sequence: a stride-0 column), the mask (1 for bool / uint8, 0
     when None) and the radius (its element size, 4 for a float32 tensor per token; 0 for the scalar
     or one per sequence); it stores loss 4 + gradient coefficient 4 + the clip flags F + 8 with
-    return_bounds (lower and upper, float32), where F is `band_loss.FORWARD_FLAG_BYTES_PER_TOKEN`
-    read at call time (1 when the module does not define it: one int8 of bits).
+    return_bounds (lower and upper, float32), where F is `band_loss.FORWARD_FLAG_BYTES_PER_TOKEN` (4: a
+    bool plane per flag).
     Backward (forward=False) reads the coefficient 4 + the upstream gradient (its element size, 0
     when stride 0; 4 when not given: the loss is float32) and writes the gradient in log_probs'
     dtype: 12 for float32, 10 for bf16.
@@ -150,8 +150,7 @@ def kernel_bytes_per_token(
         + _streamed_bytes(mask, log_probs)
         + _streamed_bytes(radius, log_probs, radius_per_token)
     )
-    flag_bytes = int(getattr(band_loss, "FORWARD_FLAG_BYTES_PER_TOKEN", 1))
-    stores = 4 + 4 + flag_bytes + (8 if return_bounds else 0)
+    stores = 4 + 4 + band_loss.FORWARD_FLAG_BYTES_PER_TOKEN + (8 if return_bounds else 0)
     return loads + stores
 
 
@@ -365,20 +364,13 @@ def measure_copy(timer: Timer, device: torch.device, size: int) -> dict[str, flo
 
 
 def launch_config(band_loss, band: dict):
-    """`_launch_forward`'s config for a band (the entry point's defaults otherwise): band_loss._Config where the
-    module has that named tuple, else the plain (spec, radius, dual_clip, return_bounds, bounds) it had before."""
-    values = {"spec": band["spec"], "radius": band["radius"], "dual_clip": None, "return_bounds": False,
-              "bounds": None, "backend": "triton"}  # fmt: skip
-    config = getattr(band_loss, "_Config", None)
-    if config is None:
-        return tuple(values[k] for k in ("spec", "radius", "dual_clip", "return_bounds", "bounds"))
-    return config(**{k: values[k] for k in config._fields})
+    """`_launch_forward`'s config for a band, with the entry point's defaults otherwise."""
+    return band_loss._Config(band["spec"], band["radius"], dual_clip=None, return_bounds=False, bounds=None,
+                             backend="triton")  # fmt: skip
 
 
 def measure_tokens(timer: Timer, device: torch.device, num_tokens: int, log=print) -> dict:
     """Entry-point and raw-kernel timings (ms) at one token count, and the kernels' bytes per token."""
-    import triton
-
     from openrlhf_band.bench.kernel_bench import _band, make_inputs, per_token_delta, ppo_clip_token_loss
     from openrlhf_band.ops import band_loss
 
@@ -401,16 +393,10 @@ def measure_tokens(timer: Timer, device: torch.device, num_tokens: int, log=prin
         return lambda: band_loss._launch_forward(log_probs, old, adv, mask, config)
 
     coef = band_loss._launch_forward(log_probs, old, adv, mask, launch_config(band_loss, bands["fused-kl"]))[1]
-    grad = torch.empty(coef.shape, dtype=log_probs.dtype, device=device)
     up2d = upstream.reshape(coef.shape)
-    block = band_loss._BLOCK
-    grid = (triton.cdiv(coef.numel(), block),)
 
     def raw_backward():
-        band_loss._band_loss_bwd_kernel[grid](
-            up2d, coef, grad, coef.numel(), up2d.stride(0), up2d.stride(1), coef.shape[1],
-            BLOCK=block, num_warps=getattr(band_loss, "_BACKWARD_WARPS", 4),
-        )  # fmt: skip
+        return band_loss._launch_backward(up2d, coef, log_probs.dtype)
 
     entry_fns = {"forward": {}, "full": {}}
     raw_fns = {"backward": raw_backward}
@@ -502,7 +488,7 @@ def run(out: Path, device: torch.device, dry_run: bool, log=print) -> int:
     figures: dict = {
         "tokens": [], "bandwidth_tokens": None, "raw_timer": None, "entry_ms": {}, "raw_ms": {},
         "bytes_per_token": {}, "copy_bytes_moved": 2 * copy_bytes, "copy_ms": {}, "copy_ms_runs": {},
-        "forward_flag_bytes_per_token": int(getattr(band_loss, "FORWARD_FLAG_BYTES_PER_TOKEN", 1)),
+        "forward_flag_bytes_per_token": band_loss.FORWARD_FLAG_BYTES_PER_TOKEN,
     }  # fmt: skip
     try:
         first_copy = measure_copy(timer, device, copy_bytes)

@@ -152,17 +152,29 @@ def _try_kernel(args: tuple, options: dict, variant: tuple, backend: str) -> Ban
         # imports lazily when it compiles)
         if not (isinstance(err, ImportError) or _is_kernel_failure(err)):
             raise
-        message = _failure_message(err, variant)
-        if backend == "triton":
-            raise RuntimeError(f"{message}. To use the torch reference instead, {_SILENCE_HINT}.") from err
-        _FAILED_VARIANTS[variant] = message
-        warnings.warn(
-            f"{message}. Falling back to the torch reference for this variant from now on (same loss "
-            f"and gradient, slower). To silence this warning, {_SILENCE_HINT}.",
-            BandKernelFallbackWarning,
-            stacklevel=3,
-        )
+        _raise_or_warn_once(
+            err, variant, backend, "kernel",
+            "Falling back to the torch reference for this variant from now on (same loss and gradient, slower).",
+            stacklevel=4,
+        )  # fmt: skip
         return None
+
+
+def _raise_or_warn_once(
+    err: BaseException, variant: tuple, backend: str, kernel: str, fallback: str, stacklevel: int
+) -> None:
+    """After a kernel failure: with backend="triton" raise RuntimeError (chained to `err`); otherwise
+    record the variant in _FAILED_VARIANTS (the caller's torch path from now on) and warn once, saying
+    `fallback`. `stacklevel` as warnings.warn's, counted from here."""
+    message = _failure_message(err, variant, kernel)
+    if backend == "triton":
+        raise RuntimeError(f"{message}. To use the torch reference instead, {_SILENCE_HINT}.") from err
+    _FAILED_VARIANTS[variant] = message
+    warnings.warn(
+        f"{message}. {fallback} To silence this warning, {_SILENCE_HINT}.",
+        BandKernelFallbackWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def backward_kernel_variant(device: torch.device, grad_dtype: torch.dtype, upstream_dtype: torch.dtype) -> tuple:
@@ -185,15 +197,10 @@ def run_backward_kernel(
     except Exception as err:
         if not _is_kernel_failure(err):
             raise
-        message = _failure_message(err, variant, kernel="backward kernel")
-        if backend == "triton":
-            raise RuntimeError(f"{message}. To use the torch reference instead, {_SILENCE_HINT}.") from err
-        _FAILED_VARIANTS[variant] = message
-        warnings.warn(
-            f"{message}. The torch path computed the gradient instead (the kernel's rule: upstream times the "
-            f"coefficient the forward kernel stored; same gradient, slower), and does for this variant from now "
-            f"on. To silence this warning, {_SILENCE_HINT}.",
-            BandKernelFallbackWarning,
-            stacklevel=2,
-        )
+        _raise_or_warn_once(
+            err, variant, backend, "backward kernel",
+            "The torch path computed the gradient instead (the kernel's rule: upstream times the coefficient the "
+            "forward kernel stored; same gradient, slower), and does for this variant from now on.",
+            stacklevel=3,
+        )  # fmt: skip
         return reference()

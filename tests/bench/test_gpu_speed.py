@@ -98,14 +98,8 @@ def test_every_check_has_the_fields_the_orchestrator_reads():
         assert check["verdict"] == "PASS"
 
 
-def _flag_bytes() -> int:
-    from openrlhf_band.ops import band_loss
-
-    return int(getattr(band_loss, "FORWARD_FLAG_BYTES_PER_TOKEN", 1))
-
-
 def test_kernel_bytes_per_token_follows_the_tensors():
-    flags = _flag_bytes()
+    flags = 4  # clipped_upper, clipped_lower, dual_clipped, floor_clipped: a bool byte each
     rows, cols = 3, 47
     log_probs = torch.zeros(rows, cols)
     old = torch.zeros(rows, cols)
@@ -150,8 +144,8 @@ def test_dry_run_on_cpu_end_to_end(tmp_path):
         assert {"value", "limit", "rule"} <= set(check)
     figs = report["figures"]
     assert figs["tokens"] == [2048, 4096] and figs["raw_timer"] == "perf_counter"
-    assert figs["bytes_per_token"]["forward-kl"] == 17 + _flag_bytes()
-    assert figs["bytes_per_token"]["forward-kl-pt"] == 21 + _flag_bytes()
+    assert figs["bytes_per_token"]["forward-kl"] == 17 + 4
+    assert figs["bytes_per_token"]["forward-kl-pt"] == 21 + 4
     assert figs["bytes_per_token"]["backward"] == 12
     assert figs["entry_ms"]["2048"]["full"]["fused-kl"] > 0
     assert [c["verdict"] for c in judge(figs)] == [c["would_be"] for c in report["checks"]]
